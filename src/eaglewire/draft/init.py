@@ -1,0 +1,53 @@
+"""Create an untrained draft for a target: shapes from the target, embeddings copied from it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from eaglewire.contract.contract import Contract
+from eaglewire.draft.config import DraftConfig, draft_config_for_target
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import ConfigError
+from eaglewire.target.architectures import target_parts
+from eaglewire.target.loading import LoadedTarget
+
+log = logging.getLogger(__name__)
+
+
+def init_draft(
+    target: LoadedTarget,
+    contract: Contract,
+    *,
+    draft_to_target: Sequence[int] | torch.Tensor | None = None,
+    config: DraftConfig | None = None,
+    seed: int = 0,
+) -> Eagle3Draft:
+    """A fresh draft: target embeddings (frozen by training by default) and lm_head rows copied from
+    the target's lm_head for the draft vocabulary, the rest randomly initialised with `seed`."""
+    if draft_to_target is not None:
+        d2t = torch.as_tensor(draft_to_target, dtype=torch.long)
+    else:
+        d2t = torch.arange(target.vocab_size, dtype=torch.long)
+    cfg = config or draft_config_for_target(target.config, num_aux=contract.num_aux, draft_vocab_size=len(d2t))
+    if cfg.draft_vocab_size != len(d2t):
+        raise ConfigError(
+            f"draft_vocab_size={cfg.draft_vocab_size} but the vocab map has {len(d2t)} entries"
+        )
+    if int(d2t.max()) >= cfg.vocab_size or int(d2t.min()) < 0:
+        raise ConfigError(f"vocab map: ids must be in 0..{cfg.vocab_size - 1}, got {int(d2t.min())}..{int(d2t.max())}")
+    if len(torch.unique(d2t)) != len(d2t):
+        raise ConfigError("vocab map: draft ids map to duplicated target ids")
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    draft.draft_to_target.copy_(d2t)
+    parts = target_parts(target.model)
+    with torch.no_grad():
+        if cfg.hidden_size == target.hidden_size:
+            draft.embed_tokens.weight.copy_(parts.embed_tokens.weight.float())
+            draft.lm_head.weight.copy_(parts.lm_head.weight.float()[d2t])
+        else:
+            log.warning("draft hidden %d != target hidden %d: embeddings start random", cfg.hidden_size, target.hidden_size)
+    return draft

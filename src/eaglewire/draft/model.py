@@ -1,0 +1,176 @@
+"""The EAGLE-3 draft model: one definition used by training, the engine and export.
+
+    aux [B, T, A*Ht] --fc--> hidden [B, T, H]          (first step only; later steps feed the
+                                                         draft's own pre-norm output back)
+    embeds = embed_tokens(input_ids)                     [B, T, H]
+    x = cat(input_layernorm(embeds), hidden_norm(hidden)) [B, T, 2H]   -> attention (2H wide in)
+    h = hidden + attn(x);  h = h + mlp(post_attention_layernorm(h))     (pre-norm output, fed back)
+    logits = lm_head(norm(h))                            [B, T, Vd]
+
+Draft token `d` is target token `draft_to_target[d]` (absolute ids; the engines' offset form
+`d2t` exists only in export/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglewire.draft.config import DraftConfig
+from eaglewire.nn.rmsnorm import RMSNorm
+from eaglewire.nn.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class DraftKV(Protocol):
+    """Where the draft layer's keys/values live between calls (training: growing; engine: static)."""
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new [B, nkv, T, hd] keys/values; return all keys/values to attend to [B, nkv, S, hd]."""
+        ...
+
+
+class GrowingKV:
+    """The simplest DraftKV: concatenates along the sequence axis."""
+
+    def __init__(self) -> None:
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.key = key if self.key is None else torch.cat([self.key, key], dim=2)
+        self.value = value if self.value is None else torch.cat([self.value, value], dim=2)
+        return self.key, self.value
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else int(self.key.shape[2])
+
+
+@dataclass
+class DraftOutput:
+    hidden: torch.Tensor  # [B, T, H] pre-norm output: the next step's `hidden` input
+    logits: torch.Tensor  # [B, T, Vd]
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        wide = 2 * cfg.hidden_size  # attention reads cat(embeds, hidden)
+        self.q_proj = nn.Linear(wide, cfg.num_attention_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(wide, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(wide, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: DraftKV | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:
+            k, v = kv.append(k, v)  # [B, nkv, S, hd]
+        S = k.shape[2]
+        if mask is None:
+            # Plain causal: the T new tokens are the last T of the S keys.
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv: DraftKV | None, mask: torch.Tensor | None) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        h = hidden + self.self_attn(x, cos, sin, kv, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.fc = nn.Linear(cfg.aux_width, cfg.hidden_size, bias=False)
+        self.layer = DraftLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        # Identity map until a vocabulary is chosen (valid only when Vd == V; init checks that).
+        self.register_buffer("draft_to_target", torch.arange(cfg.draft_vocab_size, dtype=torch.long))
+        inv_freq, scaling = rope_inv_freq(cfg.rope_parameters, cfg.head_dim, cfg.max_position_embeddings)
+        # A plain attribute, not a buffer: `.to(bfloat16)` must not round the frequencies.
+        self.rope_inv_freq = inv_freq
+        self.rope_scaling = scaling
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [B, T, A*Ht] -> hidden [B, T, H]."""
+        if aux.shape[-1] != self.config.aux_width:
+            raise ValueError(
+                f"aux states are {aux.shape[-1]} wide, the draft's fc expects A*Ht = "
+                f"{self.config.num_aux}*{self.config.target_hidden_size} = {self.config.aux_width}"
+            )
+        return self.fc(aux)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(self.rope_inv_freq, positions, self.rope_scaling, dtype)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """pre-norm hidden [..., H] -> draft logits [..., Vd]."""
+        return self.lm_head(self.norm(hidden))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        kv: DraftKV | None = None,
+        mask: torch.Tensor | None = None,
+        compute_logits: bool = True,
+    ) -> DraftOutput:
+        """One draft step.
+
+        input_ids [B, T] (the tokens whose embeddings pair with `hidden`), hidden [B, T, H] (fc
+        output of target aux states, or the previous step's pre-norm output), positions [B, T].
+        mask: bool [T, S] or [B, 1, T, S], True = attend, S = keys after appending; None = causal.
+        """
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+        cos, sin = self.rope(positions, hidden.dtype)
+        out = self.layer(embeds, hidden, cos, sin, kv, mask)  # [B, T, H]
+        logits = self.compute_logits(out) if compute_logits else out.new_empty(0)
+        return DraftOutput(hidden=out, logits=logits)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.draft_to_target[draft_ids]

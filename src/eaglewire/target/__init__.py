@@ -1,0 +1,1 @@
+"""Targets: loading (HF directories, GGUF, the reference SmolLM2), hook-based capture, identity."""

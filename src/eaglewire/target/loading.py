@@ -1,0 +1,143 @@
+"""Load a target: a Hugging Face causal-LM directory (safetensors), a GGUF file, or `smollm2`.
+
+`trust_remote_code` is off unless asked. Missing files are named before transformers is asked
+to load anything, so the user sees which file is missing rather than a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from eaglewire.errors import TargetFilesError
+from eaglewire.target.architectures import check_architecture
+from eaglewire.typed_config import read_json_file
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+REFERENCE_ALIASES = ("smollm2", "reference")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise TargetFilesError(f"dtype: expected one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+@dataclass
+class LoadedTarget:
+    model: nn.Module
+    tokenizer: Any  # PreTrainedTokenizerBase, or None when the directory has none
+    path: Path
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def architecture(self) -> str:
+        return str((self.config.architectures or [type(self.model).__name__])[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def resolve_target_path(target: str | Path) -> Path:
+    """`smollm2` (or `reference`) means the reference target, converted once into the cache."""
+    if str(target) in REFERENCE_ALIASES:
+        from eaglewire.target.reference import ensure_reference_target
+
+        return ensure_reference_target()
+    return Path(target)
+
+
+def check_target_dir(path: Path) -> dict[str, Any]:
+    """Verify a HF directory has a config with a supported architecture and weights; return the config."""
+    if not path.exists():
+        raise TargetFilesError(f"target {path}: no such file or directory")
+    if not path.is_dir():
+        raise TargetFilesError(f"target {path}: expected a Hugging Face model directory or a .gguf file")
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise TargetFilesError(f"target {path}: config.json missing", fix="point --target at the model directory")
+    cfg = read_json_file(cfg_path)
+    archs = cfg.get("architectures") or [None]
+    check_architecture(archs[0], where=str(cfg_path))
+    weights = list(path.glob("*.safetensors"))
+    if not weights:
+        found = sorted(p.name for p in path.iterdir())
+        raise TargetFilesError(
+            f"target {path}: no *.safetensors weights (found {found}); eaglewire never unpickles .bin files",
+            fix="convert the weights to safetensors (save_pretrained(safe_serialization=True))",
+        )
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = set(read_json_file(index).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (path / s).exists())
+        if missing:
+            raise TargetFilesError(f"target {path}: shards listed in {index.name} are missing: {missing}")
+    return dict(cfg)
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    has_tok = any((path / n).exists() for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+    if not has_tok:
+        log.warning("target %s has no tokenizer files; text input and chat templates are unavailable", path)
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_target(
+    target: str | Path,
+    *,
+    dtype: str = "bfloat16",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    with_tokenizer: bool = True,
+) -> LoadedTarget:
+    """Load a target in `dtype` on `device`, in eval mode with gradients off."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_target_path(target)
+    if path.suffix == ".gguf":
+        from eaglewire.target.gguf import load_gguf
+
+        model, tokenizer = load_gguf(path, dtype=torch_dtype(dtype))
+    else:
+        check_target_dir(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code
+        )
+        tokenizer = load_tokenizer(path) if with_tokenizer else None
+    model.to(device).eval().requires_grad_(False)
+    return LoadedTarget(model=model, tokenizer=tokenizer, path=path)

@@ -9,6 +9,7 @@ Writing is atomic (see `eaglewire.io_utils.atomic_write_text`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -40,7 +41,7 @@ def to_dict(obj: Any) -> Any:
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
         return {str(k): to_dict(v) for k, v in obj.items()}
-    if hasattr(obj, "value") and obj.__class__.__module__ != "builtins" and hasattr(obj.__class__, "__members__"):
+    if isinstance(obj, enum.Enum):
         return obj.value
     return obj
 
@@ -85,7 +86,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an object, got {type(value).__name__}")
         vt = args[1] if len(args) == 2 else Any
         return {k: _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(tp, type) and hasattr(tp, "__members__"):  # Enum
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
         except ValueError:

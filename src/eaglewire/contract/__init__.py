@@ -8,7 +8,13 @@ from eaglewire.contract.contract import (
     contract_diff,
     require_same_wiring,
 )
-from eaglewire.contract.fingerprint import Fingerprint, FingerprintMatch, StateKey, TensorFingerprint, match_fingerprint
+from eaglewire.contract.fingerprint import (
+    Fingerprint,
+    FingerprintMatch,
+    StateKey,
+    TensorFingerprint,
+    match_fingerprint,
+)
 from eaglewire.contract.numbering import (
     Numbering,
     default_boundaries,

@@ -32,7 +32,7 @@ DEFAULT_LOW_BOUNDARY = 2
 DEFAULT_HIGH_MARGIN = 3
 
 
-class Numbering(str, enum.Enum):
+class Numbering(enum.StrEnum):
     BOUNDARY = "boundary"
     VLLM = "vllm"
     SPECULATORS = "speculators"
@@ -63,6 +63,18 @@ NUMBERING_DESCRIPTIONS: dict[Numbering, str] = {
     Numbering.SPECFORGE: "SpecForge layer ids: id i = output of layer i",
     Numbering.MODELOPT: "ModelOpt layer ids: id i = output of layer i",
     Numbering.EAGLE: "EAGLE official code: hard-coded boundaries {2, L//2, L-3}, no ids",
+}
+
+
+NUMBERING_SHORT: dict[Numbering, str] = {
+    Numbering.BOUNDARY: "id = boundary",
+    Numbering.VLLM: "id = boundary",
+    Numbering.SPECULATORS: "id = boundary",
+    Numbering.SGLANG_LEGACY: "id = layer whose output it is",
+    Numbering.SGLANG_PR25454: "layer if first id is 1, else boundary",
+    Numbering.SPECFORGE: "id = layer whose output it is",
+    Numbering.MODELOPT: "id = layer whose output it is",
+    Numbering.EAGLE: "hard-coded {2, L//2, L-3}",
 }
 
 

@@ -42,12 +42,12 @@ def init_draft(
         raise ConfigError("vocab map: draft ids map to duplicated target ids")
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
-    draft.draft_to_target.copy_(d2t)
+    draft.get_buffer("draft_to_target").copy_(d2t)
     parts = target_parts(target.model)
     with torch.no_grad():
         if cfg.hidden_size == target.hidden_size:
             draft.embed_tokens.weight.copy_(parts.embed_tokens.weight.float())
-            draft.lm_head.weight.copy_(parts.lm_head.weight.float()[d2t])
+            draft.lm_head.weight.copy_(parts.lm_head.get_parameter("weight").float()[d2t])
         else:
             log.warning("draft hidden %d != target hidden %d: embeddings start random", cfg.hidden_size, target.hidden_size)
     return draft

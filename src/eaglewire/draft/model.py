@@ -173,4 +173,4 @@ class Eagle3Draft(nn.Module):
         return DraftOutput(hidden=out, logits=logits)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.draft_to_target[draft_ids]
+        return self.get_buffer("draft_to_target")[draft_ids]

@@ -7,6 +7,7 @@ All supported classes share transformers' layout `model.model.{embed_tokens, lay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -35,7 +36,7 @@ def check_architecture(architecture: str | None, *, where: str = "config.json") 
     return SUPPORTED_ARCHITECTURES[architecture]
 
 
-def architecture_of(model: nn.Module) -> str:
+def architecture_of(model: Any) -> str:
     archs = getattr(model.config, "architectures", None) or [type(model).__name__]
     return str(archs[0])
 
@@ -54,7 +55,7 @@ class TargetParts:
         return len(self.layers)
 
 
-def target_parts(model: nn.Module) -> TargetParts:
+def target_parts(model: Any) -> TargetParts:
     arch = architecture_of(model)
     check_architecture(arch, where=f"{type(model).__name__}.config.architectures")
     base = model.model

@@ -44,13 +44,13 @@ def hooked_states(model: nn.Module, keys: Sequence[StateKey]) -> Iterator[dict[S
     store: dict[StateKey, torch.Tensor] = {}
     handles = []
 
-    def pre_hook(key: StateKey):  # type: ignore[no-untyped-def]
+    def pre_hook(key: StateKey) -> Any:
         def fn(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             store[key] = _first_tensor(args, kwargs)
 
         return fn
 
-    def post_hook(key: StateKey):  # type: ignore[no-untyped-def]
+    def post_hook(key: StateKey) -> Any:
         def fn(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             store[key] = output[0] if isinstance(output, tuple) else output
 
@@ -74,7 +74,7 @@ def hooked_states(model: nn.Module, keys: Sequence[StateKey]) -> Iterator[dict[S
             h.remove()
 
 
-def _run(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits: bool) -> Any:
+def _run(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits: bool) -> Any:
     if logits:
         return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     # The base model skips the lm_head: capture without logits costs no [B, T, V] matmul.

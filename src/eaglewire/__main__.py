@@ -1,0 +1,3 @@
+from eaglewire.cli import main
+
+main()

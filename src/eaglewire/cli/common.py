@@ -1,0 +1,65 @@
+"""Shared CLI plumbing: error-to-exit-code mapping, JSON output, rich tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eaglewire.errors import ConfigError, EaglewireError
+
+EXIT_OK = 0
+EXIT_FINDING = 1
+EXIT_INVALID_INPUT = 2
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def run_app(app: typer.Typer) -> None:
+    try:
+        app(standalone_mode=False)
+    except EaglewireError as e:
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(EXIT_INVALID_INPUT)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except SystemExit:
+        raise
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as e:
+        # Usage errors from typer's (vendored) click: they know how to show themselves.
+        show = getattr(e, "show", None)
+        if callable(show) and hasattr(e, "exit_code"):
+            show()
+            sys.exit(EXIT_INVALID_INPUT)
+        raise
+
+
+def parse_int_list(text: str | None, *, what: str) -> list[int] | None:
+    """'3,31,59' -> [3, 31, 59]; a clear error otherwise."""
+    if text is None or text.strip() == "":
+        return None
+    try:
+        return [int(p) for p in text.replace(" ", "").split(",") if p != ""]
+    except ValueError:
+        raise ConfigError(f"{what}: expected comma-separated integers like 2,15,27, got {text!r}") from None
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[str(v) for v in r])
+    console.print(table)

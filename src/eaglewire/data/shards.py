@@ -1,0 +1,269 @@
+"""Hidden-state shards on disk: the format, the writer (with resume), and the reader.
+
+A shard directory holds:
+
+- `shard_00000.safetensors`, ...: flat tensors of `shard_records` consecutive records:
+  `input_ids [N]`, `loss_mask [N] bool`, `aux [N, A*Ht]` (aux states in contract order),
+  `final [N, Ht]`, `offsets [R+1]`; the shard's record ids are in the safetensors metadata
+  (`record_ids`, a JSON list).
+- `contract.json`: the hidden-state contract (target identity, boundaries, fingerprint).
+- `manifest.json`: the contract again, the source, record/token counts, and one entry per
+  completed shard (file, first record, counts, bytes, sha256). It is rewritten atomically
+  after every shard, so an interrupted run resumes at the first shard not listed.
+
+Shards are written atomically (temporary file + rename). `ShardDataset` verifies each shard's
+sha256 the first time it is opened and names the shard when it does not match.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eaglewire.contract.contract import Contract, require_same_wiring
+from eaglewire.data.types import CapturedRecord
+from eaglewire.errors import DataFormatError
+from eaglewire.io_utils import atomic_path, atomic_write_json, sha256_file
+from eaglewire.typed_config import read_json_file
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_SCHEMA = 1
+MANIFEST_FORMAT = "eaglewire-hidden-state-shards"
+SHARD_TENSORS = ("input_ids", "loss_mask", "aux", "final", "offsets")
+
+
+def shard_file_name(index: int) -> str:
+    return f"shard_{index:05d}.safetensors"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    index: int
+    file: str
+    first_record: int
+    records: int
+    tokens: int
+    loss_tokens: int
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def write_shard(path: Path, index: int, first_record: int, records: list[CapturedRecord]) -> ShardInfo:
+    """Write `records` as one shard atomically; return its manifest entry."""
+    if not records:
+        raise ValueError("write_shard: no records")
+    lengths = torch.tensor([int(r.input_ids.numel()) for r in records], dtype=torch.long)
+    offsets = torch.zeros(len(records) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    for r in records:
+        T = int(r.input_ids.numel())
+        if r.loss_mask.shape != (T,) or r.aux.shape[0] != T or r.final.shape[0] != T:
+            raise DataFormatError(
+                f"record {r.record_id}: lengths disagree: input_ids {T}, loss_mask {tuple(r.loss_mask.shape)}, "
+                f"aux {tuple(r.aux.shape)}, final {tuple(r.final.shape)}"
+            )
+    tensors = {
+        "input_ids": torch.cat([r.input_ids for r in records]).to(torch.int64).contiguous(),
+        "loss_mask": torch.cat([r.loss_mask for r in records]).bool().contiguous(),
+        "aux": torch.cat([r.aux for r in records]).contiguous(),  # [N, A*Ht]
+        "final": torch.cat([r.final for r in records]).contiguous(),  # [N, Ht]
+        "offsets": offsets,
+    }
+    metadata = {"record_ids": json.dumps([r.record_id for r in records]), "format": MANIFEST_FORMAT}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+        size, digest = tmp.stat().st_size, sha256_file(tmp)
+    return ShardInfo(
+        index=index,
+        file=path.name,
+        first_record=first_record,
+        records=len(records),
+        tokens=int(offsets[-1]),
+        loss_tokens=int(tensors["loss_mask"].sum()),
+        bytes=size,
+        sha256=digest,
+    )
+
+
+def load_manifest(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST_FILE
+    if not path.exists():
+        raise DataFormatError(f"{directory}: no {MANIFEST_FILE}; not a shard directory", fix="run `eaglewire data capture`")
+    manifest = read_json_file(path)
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("schema_version") != MANIFEST_SCHEMA:
+        raise DataFormatError(
+            f"{path}: format/schema expected {MANIFEST_FORMAT}/{MANIFEST_SCHEMA}, got "
+            f"{manifest.get('format')}/{manifest.get('schema_version')}"
+        )
+    return dict(manifest)
+
+
+class ShardWriter:
+    """Writes shards and keeps `manifest.json` current; resumes a compatible earlier run.
+
+    `plan` identifies what is being written (dataset ids hash, shard size, source); a rerun
+    with another plan or contract is refused rather than mixed into the same directory.
+    """
+
+    def __init__(self, directory: Path, contract: Contract, *, plan: dict[str, Any], total_records: int) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.contract = contract
+        self.shards: dict[int, ShardInfo] = {}
+        manifest_path = self.directory / MANIFEST_FILE
+        if manifest_path.exists():
+            old = load_manifest(self.directory)
+            old_contract = Contract.from_json(old["contract"], where=str(manifest_path))
+            require_same_wiring(old_contract, contract, names=("existing shards", "this capture"), check_dtype=True)
+            diffs = [f"{k}: existing={old['plan'].get(k)!r} now={v!r}" for k, v in plan.items() if old["plan"].get(k) != v]
+            if diffs:
+                raise DataFormatError(
+                    f"{self.directory}: holds shards of another capture:\n  " + "\n  ".join(diffs),
+                    fix="capture into a new --output directory, or rerun with the original settings",
+                )
+            for s in old["shards"]:
+                info = ShardInfo(**s)
+                p = self.directory / info.file
+                if p.exists() and p.stat().st_size == info.bytes:
+                    self.shards[info.index] = info
+                else:
+                    log.warning("%s: listed in the manifest but missing or resized; it will be rewritten", p)
+            if self.shards:
+                log.info("resuming: %d shards already complete in %s", len(self.shards), self.directory)
+        self.plan = dict(plan)
+        self.total_records = total_records
+        contract.save(self.directory)
+        self._save(complete=False)
+
+    def done(self, index: int) -> bool:
+        return index in self.shards
+
+    def write(self, index: int, first_record: int, records: list[CapturedRecord]) -> ShardInfo:
+        info = write_shard(self.directory / shard_file_name(index), index, first_record, records)
+        self.shards[index] = info
+        self._save(complete=False)
+        return info
+
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._save(complete=True, extra=extra)
+
+    def _save(self, *, complete: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        shards = [self.shards[i] for i in sorted(self.shards)]
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "schema_version": MANIFEST_SCHEMA,
+            "complete": complete,
+            "plan": self.plan,
+            "total_records": self.total_records,
+            "num_records": sum(s.records for s in shards),
+            "num_tokens": sum(s.tokens for s in shards),
+            "num_loss_tokens": sum(s.loss_tokens for s in shards),
+            "bytes": sum(s.bytes for s in shards),
+            **(extra or {}),
+            "contract": self.contract.to_json(),
+            "shards": [s.to_json() for s in shards],
+        }
+        atomic_write_json(self.directory / MANIFEST_FILE, manifest)
+        return manifest
+
+
+class ShardDataset:
+    """Captured records read back from a shard directory, as `CapturedRecord`s.
+
+    verify='lazy' checks a shard's sha256 the first time one of its records is read; 'eager'
+    checks every shard now; 'none' skips it. An incomplete capture is refused unless
+    `allow_incomplete`.
+    """
+
+    def __init__(
+        self, directory: Path, *, verify: Literal["lazy", "eager", "none"] = "lazy", allow_incomplete: bool = False
+    ) -> None:
+        self.directory = Path(directory)
+        self.manifest = load_manifest(self.directory)
+        if not self.manifest["complete"] and not allow_incomplete:
+            raise DataFormatError(
+                f"{self.directory}: capture incomplete ({self.manifest['num_records']} of "
+                f"{self.manifest['total_records']} records)",
+                fix="rerun the same `eaglewire data capture` command to resume it",
+            )
+        self.contract = Contract.from_json(self.manifest["contract"], where=str(self.directory / MANIFEST_FILE))
+        self.shards = [ShardInfo(**s) for s in self.manifest["shards"]]
+        self._starts = []
+        n = 0
+        for s in self.shards:
+            self._starts.append(n)
+            n += s.records
+        self._len = n
+        self.verify = verify
+        self._verified: set[int] = set()
+        self._open: dict[int, tuple[Any, torch.Tensor, list[str]]] = {}
+        if verify == "eager":
+            for k in range(len(self.shards)):
+                self.verify_shard(k)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def verify_shard(self, k: int) -> None:
+        info = self.shards[k]
+        path = self.directory / info.file
+        if not path.exists():
+            raise DataFormatError(f"shard {path}: missing (listed in {MANIFEST_FILE})")
+        actual = sha256_file(path)
+        if actual != info.sha256:
+            raise DataFormatError(
+                f"shard {path}: sha256 mismatch: expected {info.sha256} (manifest), got {actual}; the file is "
+                "corrupt or was changed after capture",
+                fix="delete this shard and its manifest entry, then rerun the capture to rewrite it",
+            )
+        self._verified.add(k)
+
+    def _shard(self, k: int) -> tuple[Any, torch.Tensor, list[str]]:
+        if k not in self._open:
+            if self.verify != "none" and k not in self._verified:
+                self.verify_shard(k)
+            path = self.directory / self.shards[k].file
+            handle = safe_open(str(path), framework="pt")
+            missing = sorted(set(SHARD_TENSORS) - set(handle.keys()))
+            if missing:
+                raise DataFormatError(f"shard {path}: missing tensors {missing}")
+            ids = json.loads((handle.metadata() or {}).get("record_ids", "[]"))
+            self._open[k] = (handle, handle.get_tensor("offsets"), ids)
+        return self._open[k]
+
+    def locate(self, i: int) -> tuple[int, int]:
+        if not 0 <= i < self._len:
+            raise IndexError(f"record {i} out of range 0..{self._len - 1}")
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
+
+    def __getitem__(self, i: int) -> CapturedRecord:
+        k, j = self.locate(i)
+        handle, offsets, ids = self._shard(k)
+        s, e = int(offsets[j]), int(offsets[j + 1])
+        return CapturedRecord(
+            record_id=ids[j],
+            input_ids=handle.get_slice("input_ids")[s:e].long(),
+            loss_mask=handle.get_slice("loss_mask")[s:e].bool(),
+            aux=handle.get_slice("aux")[s:e],
+            final=handle.get_slice("final")[s:e],
+        )
+
+    def record_ids(self) -> list[str]:
+        out: list[str] = []
+        for k in range(len(self.shards)):
+            out.extend(self._shard(k)[2])
+        return out

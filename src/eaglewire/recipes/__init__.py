@@ -1,0 +1,1 @@
+"""End-to-end recipes that chain the library's stages (the quickstart)."""

@@ -1,0 +1,75 @@
+"""CUDA graph capture per static shape bucket.
+
+A `GraphCache` maps a key (batch, new tokens, attended slots, variant) to a captured graph with
+static input buffers. Running it copies the inputs into those buffers and replays the graph: one
+launch for the whole forward, no Python or host synchronisation per kernel. All graphs share one
+memory pool (they never run concurrently; every output a caller still holds stays allocated).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+GraphFn = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]
+
+
+@dataclass
+class CapturedGraph:
+    graph: torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    outputs: tuple[torch.Tensor, ...]
+
+    def run(self, values: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Copy `values` into the static inputs (same shapes), replay; returns the static outputs,
+        which the next replay of this graph overwrites."""
+        for name, value in values.items():
+            self.inputs[name].copy_(value, non_blocking=True)
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphCache:
+    def __init__(self, device: torch.device, *, warmup_runs: int = 2) -> None:
+        self.device = device
+        self.warmup_runs = warmup_runs
+        self._graphs: dict[Hashable, CapturedGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def get(
+        self,
+        key: Hashable,
+        make_inputs: Callable[[], dict[str, torch.Tensor]],
+        fn: GraphFn,
+    ) -> CapturedGraph:
+        """The graph for `key`, capturing it on first use: `make_inputs()` allocates the static
+        inputs (filled with valid values), `fn(inputs)` is the work; it is run `warmup_runs` times
+        on a side stream first (compiling whatever it compiles), then captured."""
+        found = self._graphs.get(key)
+        if found is not None:
+            return found
+        inputs = make_inputs()
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_runs):
+                fn(inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = fn(inputs)
+        captured = CapturedGraph(graph=graph, inputs=inputs, outputs=outputs)
+        self._graphs[key] = captured
+        log.debug("captured CUDA graph %s (%d graphs)", key, len(self._graphs))
+        return captured
+
+    def clear(self) -> None:
+        self._graphs.clear()

@@ -1,0 +1,151 @@
+"""Preallocated static KV cache with per-row lengths, provisional writes and in-place compaction.
+
+Layout: keys and values are each one tensor [L, Bmax, Hkv, Smax, hd], allocated once (zeros, so
+masked-out slots never hold NaN). A forward writes its N new tokens at slots
+lengths[b] .. lengths[b]+N-1 of row b (provisionally); `commit` gathers the accepted ones, in
+path order, to lengths[b] .. lengths[b]+n-1 for every layer at once, then advances `lengths`.
+Everything stays on the device: no host synchronisation.
+
+The host keeps an upper bound of each row's length (exact after `sync_lengths`, or when the
+accepted counts are given as CPU tensors) to pick how many cache slots a forward attends to and
+to check capacity without reading the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eaglewire.errors import ConfigError, expected_actual
+
+SLOT_ALIGN = 64  # cache length and attention windows are multiples of this (kernel alignment)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def kv_bucket(needed: int, capacity: int) -> int:
+    """Slots a forward attends to when it needs `needed`: coarse buckets bound how many CUDA graphs
+    exist while wasting little attention work (64-slot steps to 512, 256 to 4096, then 1024)."""
+    step = SLOT_ALIGN if needed <= 512 else 256 if needed <= 4096 else 1024
+    return min(capacity, round_up(max(needed, 1), step))
+
+
+class StaticKVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        max_batch_size: int,
+        num_kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if max_batch_size < 1 or max_seq_len < 1:
+            raise ConfigError(
+                f"StaticKVCache: max_batch_size={max_batch_size} and max_seq_len={max_seq_len} must be >= 1"
+            )
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.capacity = round_up(max_seq_len, SLOT_ALIGN)
+        shape = (num_layers, max_batch_size, num_kv_heads, self.capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = device
+        self._lengths = torch.zeros(max_batch_size, dtype=torch.long, device=device)
+        self.batch_size = 0
+        self._upper = torch.zeros(0, dtype=torch.long)  # CPU upper bound per row
+        self._last_num_new = 0
+
+    # -- rows ------------------------------------------------------------------------------------
+    def reset(self, batch_size: int) -> None:
+        if not 1 <= batch_size <= self.max_batch_size:
+            raise ConfigError(
+                expected_actual("reset(batch_size)", f"1..max_batch_size={self.max_batch_size}", batch_size),
+                fix="build the runner with a larger max_batch_size",
+            )
+        self.batch_size = batch_size
+        self._lengths.zero_()
+        self._upper = torch.zeros(batch_size, dtype=torch.long)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] committed tokens per row (a view of the device buffer; do not modify)."""
+        return self._lengths[: self.batch_size]
+
+    @property
+    def length_buffer(self) -> torch.Tensor:
+        """The static [Bmax] device buffer CUDA graphs read."""
+        return self._lengths
+
+    def max_length_upper(self) -> int:
+        return int(self._upper.max()) if self._upper.numel() else 0
+
+    def lengths_exact_zero(self) -> bool:
+        """True when every row is certainly empty (known on the host, no sync)."""
+        return self.max_length_upper() == 0
+
+    def sync_lengths(self) -> int:
+        """Read the device lengths (one host sync) to make the host bound exact; returns the max."""
+        self._upper = self.lengths.to("cpu")
+        return self.max_length_upper()
+
+    def check_room(self, num_new: int) -> int:
+        """Raise when `num_new` more tokens may not fit; returns max(lengths)+num_new (a bound)."""
+        need = self.max_length_upper() + num_new
+        if need > self.capacity:
+            need = self.sync_lengths() + num_new
+        if need > self.capacity:
+            raise ConfigError(
+                f"KV cache full: a row holds {need - num_new} tokens and {num_new} more do not fit in "
+                f"max_seq_len={self.max_seq_len} (capacity {self.capacity} slots)",
+                fix="build the runner with a larger max_seq_len, or generate fewer tokens",
+            )
+        return need
+
+    # -- commit ----------------------------------------------------------------------------------
+    def commit(self, accepted: torch.Tensor, num_accepted: torch.Tensor, num_new: int) -> None:
+        """accepted [B, n] indices into the last forward's `num_new` tokens, in path order;
+        num_accepted [B]. Moves those K/V (all layers) to lengths..lengths+n-1; advances lengths."""
+        B, n = accepted.shape
+        if B != self.batch_size or num_accepted.shape != (B,):
+            raise ConfigError(
+                expected_actual(
+                    "commit(accepted [B, n], num_accepted [B]) shapes",
+                    f"B={self.batch_size}",
+                    f"{tuple(accepted.shape)}, {tuple(num_accepted.shape)}",
+                )
+            )
+        if n > num_new:
+            raise ConfigError(expected_actual("commit: accepted columns", f"<= {num_new} new tokens", n))
+        dev = self.device
+        accepted = accepted.to(dev, torch.long, non_blocking=True)
+        num_dev = num_accepted.to(dev, torch.long, non_blocking=True)
+        if n > 0:
+            base = self.lengths[:, None]  # [B, 1]
+            src = base + accepted.clamp(0, num_new - 1)  # [B, n]
+            dst = base + torch.arange(n, device=dev)  # [B, n]
+            rows = torch.arange(B, device=dev)[:, None].expand(B, n)
+            for cache in (self.keys, self.values):
+                moved = cache[:, rows, :, src]  # [B, n, L, Hkv, hd]
+                cache[:, rows, :, dst] = moved
+        self._advance(num_accepted, num_dev, n)
+
+    def commit_prefix(self, num_accepted: torch.Tensor) -> None:
+        """Keep the first num_accepted[b] new tokens of each row where they are (no copy)."""
+        num_dev = num_accepted.to(self.device, torch.long, non_blocking=True)
+        self._advance(num_accepted, num_dev, self._last_num_new)
+
+    def _advance(self, num_accepted: torch.Tensor, num_dev: torch.Tensor, bound: int) -> None:
+        """lengths += num_accepted; the host bound grows exactly (CPU counts) or by `bound`."""
+        self.lengths.add_(num_dev)
+        if num_accepted.device.type == "cpu":
+            self._upper = self._upper + num_accepted.to(torch.long)
+        else:
+            self._upper = self._upper + bound
+
+    def note_forward(self, num_new: int) -> None:
+        """Remember the last forward's width (bounds a device-side commit_prefix)."""
+        self._last_num_new = num_new

@@ -1,0 +1,166 @@
+"""The compact Llama-family forward, written as plain tensor functions.
+
+Three pure functions make one forward; none of them synchronises with the host, so the whole
+forward can be captured in a CUDA graph, and each can be compiled (one compiled layer function
+serves every layer: the weights are arguments, not attributes):
+
+    prepare(...)   rotary cos/sin, the cache slots of the new tokens, the additive attention mask
+    layer(...)     one decoder layer; it also writes the new tokens' K/V into the static cache
+    head(...)      final norm + lm_head in float32 logits
+
+The residual stream is carried as (h, delta) with h + delta = the layer's input; each layer does
+the add itself so it fuses with its RMSNorm, and returns its input (boundary b) for capture.
+
+Attention over the cache: new token i of row b sees cache slots s < lengths[b] (the committed
+prefix) and slot lengths[b] + j when tree_mask[b, i, j] (the new tokens are written provisionally
+right after the prefix). GQA folds the G query heads of a KV head into the query axis, so K/V are
+never repeated: q [B, Hkv, G*N, hd] against k [B, Hkv, S, hd].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from eaglewire.nn.rope import apply_rope
+from eaglewire.target.runtime.weights import ModelSpec
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As eaglewire.nn.rmsnorm.RMSNorm (and HF Llama): statistics in float32, scale in x's dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def prepare(
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    kv_positions: torch.Tensor | None,
+    inv_freq: torch.Tensor,
+    rope_scaling: float,
+    group_size: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """positions [B, N]; lengths [B] committed per row; tree_mask [B, N, N] bool or None (causal);
+    kv_positions [S] = arange(S), the cache slots attended to, or None for a prefill of empty rows
+    (attention among the new tokens only, causal).
+
+    Returns cos, sin [B, 1, N, hd]; write_slots [B, N] (cache slot of each new token);
+    mask [B, 1, G*N, S] additive in `dtype`, or None.
+    """
+    B, N = positions.shape
+    freqs = positions.float()[..., None] * inv_freq  # [B, N, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [B, N, hd]
+    cos = (emb.cos() * rope_scaling).to(dtype)[:, None]
+    sin = (emb.sin() * rope_scaling).to(dtype)[:, None]
+    new_idx = torch.arange(N, device=positions.device)
+    write_slots = lengths[:, None] + new_idx  # [B, N]
+    if kv_positions is None:
+        return cos, sin, write_slots, None
+    S = kv_positions.shape[0]
+    if tree_mask is None:
+        tree = (new_idx[:, None] >= new_idx[None, :])[None].expand(B, N, N)  # causal
+    else:
+        tree = tree_mask.to(torch.bool)
+    tree = tree | torch.eye(N, dtype=torch.bool, device=positions.device)  # a token always sees itself
+    rel = kv_positions[None, :] - lengths[:, None]  # [B, S] slot relative to the first new token
+    committed = rel < 0
+    in_new = (rel >= 0) & (rel < N)
+    seen_new = torch.gather(tree, 2, rel.clamp(0, N - 1)[:, None, :].expand(B, N, S))  # [B, N, S]
+    allowed = committed[:, None, :] | (in_new[:, None, :] & seen_new)  # [B, N, S]
+    zero = torch.zeros((), dtype=dtype, device=positions.device)
+    neg = torch.full((), float("-inf"), dtype=dtype, device=positions.device)
+    additive = torch.where(allowed, zero, neg)  # [B, N, S]
+    mask = additive[:, None, None].expand(B, 1, group_size, N, S).reshape(B, 1, group_size * N, S)
+    return cos, sin, write_slots, mask
+
+
+def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """A function computing one decoder layer for `spec` (see `layer` below for its arguments)."""
+    Hq, Hkv, hd, G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
+    eps, qk_norm = spec.rms_eps, spec.qk_norm
+    inter = spec.intermediate_size
+
+    def layer(
+        h: torch.Tensor,
+        delta: torch.Tensor,
+        input_norm: torch.Tensor,
+        qkv_w: torch.Tensor,
+        qkv_b: torch.Tensor | None,
+        q_norm: torch.Tensor | None,
+        k_norm: torch.Tensor | None,
+        o_w: torch.Tensor,
+        o_b: torch.Tensor | None,
+        post_norm: torch.Tensor,
+        gate_up_w: torch.Tensor,
+        gate_up_b: torch.Tensor | None,
+        down_w: torch.Tensor,
+        down_b: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        write_rows: torch.Tensor,
+        write_slots: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h, delta [B, N, Ht] (layer input = h + delta); k_cache, v_cache [Bmax, Hkv, Smax, hd];
+        write_rows, write_slots [B, N]; mask [B, 1, G*N, S] or None (prefill: causal, new tokens only).
+        Returns (x, x2, mlp_out): x = this layer's input (its boundary state), x2 + mlp_out = output."""
+        B, N, _ = h.shape
+        x = h + delta
+        qkv = F.linear(rms_norm(x, input_norm, eps), qkv_w, qkv_b)  # [B, N, (Hq+2Hkv)*hd]
+        q, k, v = qkv.split([Hq * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q = q.view(B, N, Hq, hd)
+        k = k.view(B, N, Hkv, hd)
+        v = v.view(B, N, Hkv, hd)
+        if qk_norm:
+            assert q_norm is not None and k_norm is not None
+            q = rms_norm(q, q_norm, eps)
+            k = rms_norm(k, k_norm, eps)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, Hq, N, hd]
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, Hkv, N, hd]
+        k_cache[write_rows, :, write_slots] = k.transpose(1, 2)  # cache[b, :, slot] <- [B, N, Hkv, hd]
+        v_cache[write_rows, :, write_slots] = v
+        if mask is None:
+            attn = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        else:
+            S = mask.shape[-1]
+            qg = q.reshape(B, Hkv, G * N, hd)  # query heads of one KV head side by side
+            attn = F.scaled_dot_product_attention(qg, k_cache[:B, :, :S], v_cache[:B, :, :S], attn_mask=mask)
+            attn = attn.view(B, Hq, N, hd)
+        attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
+        x2 = x + F.linear(attn, o_w, o_b)
+        gate_up = F.linear(rms_norm(x2, post_norm, eps), gate_up_w, gate_up_b)  # [B, N, 2I]
+        gate, up = gate_up.split([inter, inter], dim=-1)
+        mlp_out = F.linear(F.silu(gate) * up, down_w, down_b)
+        return x, x2, mlp_out
+
+    return layer
+
+
+def make_head_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    eps = spec.rms_eps
+
+    def head(
+        h: torch.Tensor,
+        delta: torch.Tensor,
+        final_norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        logits_at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h, delta [B, N, Ht]; logits_at [B] index into N or None (all tokens).
+        Returns (final pre-norm state [B, N, Ht] = boundary L, logits float32 [B, N or 1, V])."""
+        final = h + delta
+        sel = final
+        if logits_at is not None:
+            idx = logits_at.view(-1, 1, 1).expand(final.shape[0], 1, final.shape[2])
+            sel = torch.gather(final, 1, idx)  # [B, 1, Ht]
+        logits = F.linear(rms_norm(sel, final_norm, eps), lm_head).float()
+        return final, logits
+
+    return head

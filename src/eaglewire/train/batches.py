@@ -1,0 +1,184 @@
+"""Planning and assembling rows from variable-length records (padding, optional packing).
+
+A *row* is one line of a micro-batch: one record (padded) or, with packing, several records
+back to back. Every token carries a `doc_id` (its record's slot within the row, -1 on padding)
+and a `position` that restarts at 0 in each record, so the TTT masks never let attention or a
+shifted label cross from one record into the next.
+
+The plan for an epoch depends only on (record lengths, seed, epoch, max_length, pack), so a
+resumed run rebuilds exactly the same rows and skips to its saved position.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from eaglewire.errors import DataFormatError
+
+log = logging.getLogger(__name__)
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class RecordSource(Protocol[R_co]):
+    """What training reads: an indexable sequence of records (a list works; so do the on-disk datasets)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> R_co: ...
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One record (or its first `length` tokens) placed in a row at `offset`."""
+
+    record: int  # index into the RecordSource
+    offset: int
+    length: int
+
+
+Row = tuple[Slot, ...]
+
+
+def record_lengths(source: RecordSource[Any]) -> list[int]:
+    """Token count of every record; uses `source.lengths` when the dataset keeps an index."""
+    lengths = getattr(source, "lengths", None)
+    if lengths is not None:
+        out = [int(n) for n in lengths]
+        if len(out) != len(source):
+            raise DataFormatError(f"dataset lengths index has {len(out)} entries but the dataset has {len(source)} records")
+        return out
+    return [int(source[i].input_ids.shape[0]) for i in range(len(source))]
+
+
+def epoch_order(num_records: int, *, seed: int, epoch: int) -> list[int]:
+    """A permutation of the records, a pure function of (seed, epoch)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return [int(i) for i in torch.randperm(num_records, generator=gen)]
+
+
+def plan_rows(lengths: Sequence[int], order: Sequence[int], *, max_length: int, pack: bool) -> list[Row]:
+    """Rows in `order`: each record truncated to max_length; with `pack`, appended to the current row
+    while it fits (records keep their order, so the plan is deterministic)."""
+    rows: list[Row] = []
+    current: list[Slot] = []
+    used = 0
+    truncated = 0
+    for idx in order:
+        n = min(int(lengths[idx]), max_length)
+        truncated += int(lengths[idx]) > max_length
+        if n == 0:
+            continue
+        if current and (not pack or used + n > max_length):
+            rows.append(tuple(current))
+            current, used = [], 0
+        current.append(Slot(record=idx, offset=used, length=n))
+        used += n
+    if current:
+        rows.append(tuple(current))
+    if truncated:
+        log.info("%d records longer than max_length=%d were truncated", truncated, max_length)
+    return rows
+
+
+@dataclass
+class Batch:
+    """Token-side tensors of one micro-batch (all [B, T])."""
+
+    input_ids: torch.Tensor  # [B, T] int64, 0 on padding
+    loss_mask: torch.Tensor  # [B, T] bool: the token at this position is a training token
+    positions: torch.Tensor  # [B, T] int64, restarting at 0 in each record
+    doc_ids: torch.Tensor  # [B, T] int64: slot index of the record within its row, -1 on padding
+    rows: tuple[Row, ...]
+    record_ids: tuple[str, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int((self.doc_ids >= 0).sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            input_ids=self.input_ids.to(device),
+            loss_mask=self.loss_mask.to(device),
+            positions=self.positions.to(device),
+            doc_ids=self.doc_ids.to(device),
+            rows=self.rows,
+            record_ids=self.record_ids,
+        )
+
+
+def row_length(rows: Sequence[Row]) -> int:
+    return max(s.offset + s.length for row in rows for s in row)
+
+
+def assemble(rows: Sequence[Row], records: Sequence[Any]) -> Batch:
+    """Build the [B, T] token tensors; `records[i]` is the record for the i-th slot in row order."""
+    B, T = len(rows), row_length(rows)
+    input_ids = torch.zeros(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    positions = torch.zeros(B, T, dtype=torch.long)
+    doc_ids = torch.full((B, T), -1, dtype=torch.long)
+    ids: list[str] = []
+    k = 0
+    for b, row in enumerate(rows):
+        for d, slot in enumerate(row):
+            rec = records[k]
+            k += 1
+            check_record_tokens(rec)
+            sl = slice(slot.offset, slot.offset + slot.length)
+            input_ids[b, sl] = rec.input_ids[: slot.length]
+            loss_mask[b, sl] = rec.loss_mask[: slot.length].bool()
+            positions[b, sl] = torch.arange(slot.length)
+            doc_ids[b, sl] = d
+            ids.append(str(rec.record_id))
+    return Batch(input_ids, loss_mask, positions, doc_ids, tuple(rows), tuple(ids))
+
+
+def check_record_tokens(rec: Any) -> None:
+    ids, mask = rec.input_ids, rec.loss_mask
+    if ids.dim() != 1 or mask.shape != ids.shape:
+        raise DataFormatError(
+            f"record {rec.record_id}: input_ids {tuple(ids.shape)} and loss_mask {tuple(mask.shape)} "
+            "must both be [T]"
+        )
+
+
+def scatter_rows(rows: Sequence[Row], per_record: Sequence[torch.Tensor], *, fill: float = 0.0) -> torch.Tensor:
+    """Place per-record tensors [T_i, ...] (slot order) into a [B, T, ...] tensor (padding = fill)."""
+    B, T = len(rows), row_length(rows)
+    first = per_record[0]
+    out = first.new_full((B, T, *first.shape[1:]), fill)
+    k = 0
+    for b, row in enumerate(rows):
+        for slot in row:
+            out[b, slot.offset : slot.offset + slot.length] = per_record[k][: slot.length]
+            k += 1
+    return out
+
+
+def fetch_rows(source: RecordSource[Any], rows: Sequence[Row]) -> list[Any]:
+    """The records of `rows`, in slot order."""
+    return [source[slot.record] for row in rows for slot in row]
+
+
+def split_for_rank(group: Sequence[Row], *, rank: int, world_size: int, batch_size: int, accum: int) -> list[list[Row]]:
+    """The micro-batches (lists of rows) this process runs for one optimizer step.
+
+    The group holds world_size*accum*batch_size rows. Micro-batch a of rank r gets rows
+    [(a*world_size + r)*batch_size, +batch_size): one process with batch_size*world_size sees the
+    same rows per micro-batch as world_size processes together. A short final group is split the
+    same way; micro-batches that come out empty are dropped.
+    """
+    out = []
+    for a in range(accum):
+        start = (a * world_size + rank) * batch_size
+        part = list(group[start : start + batch_size])
+        if part:
+            out.append(part)
+    return out
+

@@ -31,6 +31,8 @@ CORPUS = [
     "import torch\nx = torch.zeros(3)\nprint(x)\n",
 ]
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "deepseek_v3")
+# Every architecture eaglewire captures from (MoE variants are slower to build, so only capture tests use them all).
+CAPTURE_ARCHITECTURES = (*ARCHITECTURES, "qwen3_moe")
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,6 +77,11 @@ def tiny_config(arch: str, vocab_size: int, num_layers: int = 8) -> Any:
         return tf.Qwen2Config(**common, architectures=["Qwen2ForCausalLM"])
     if arch == "qwen3":
         return tf.Qwen3Config(**common, head_dim=16, architectures=["Qwen3ForCausalLM"])
+    if arch == "qwen3_moe":
+        return tf.Qwen3MoeConfig(
+            **common, head_dim=16, architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, decoder_sparse_step=1,
+        )
     if arch == "deepseek_v3":
         return tf.DeepseekV3Config(
             **common,

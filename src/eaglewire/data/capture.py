@@ -80,7 +80,12 @@ def _batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int) -> 
 
 
 def capture_records(
-    target: LoadedTarget, dataset: TokenizedDataset, indices: Sequence[int], contract: Contract, *, batch_size: int,
+    target: LoadedTarget,
+    dataset: TokenizedDataset,
+    indices: Sequence[int],
+    contract: Contract,
+    *,
+    batch_size: int,
     max_batch_tokens: int,
 ) -> list[CapturedRecord]:
     """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`."""
@@ -105,7 +110,11 @@ def capture_records(
         for row, i in enumerate(group):
             T = lengths[i]
             out[i] = CapturedRecord(
-                recs[i].record_id, recs[i].input_ids, recs[i].loss_mask, aux[row, :T].clone(), final[row, :T].clone()
+                recs[i].record_id,
+                recs[i].input_ids,
+                recs[i].loss_mask,
+                aux[row, :T].clone(),
+                final[row, :T].clone(),
             )
     return [r for r in out if r is not None]
 
@@ -159,7 +168,9 @@ def capture_dataset(
     )
     num_shards = (len(dataset) + shard_records - 1) // shard_records
     lengths = dataset.lengths()
-    bar = tqdm(total=dataset.num_tokens, desc="capture", unit="tok", unit_scale=True, disable=not show_progress)
+    bar = tqdm(
+        total=dataset.num_tokens, desc="capture", unit="tok", unit_scale=True, disable=not show_progress
+    )
     start = time.perf_counter()
     for k in range(num_shards):
         lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
@@ -180,10 +191,19 @@ def capture_dataset(
         stats.written_bytes += info.bytes
         bar.update(shard_tokens)
         bar.set_postfix_str(f"{info.tokens / dt:.0f} tok/s")
-        log.debug("shard %d: %d records, %d tokens in %.2fs (%.0f tok/s)", k, info.records, info.tokens, dt, info.tokens / dt)
+        log.debug(
+            "shard %d: %d records, %d tokens in %.2fs (%.0f tok/s)",
+            k,
+            info.records,
+            info.tokens,
+            dt,
+            info.tokens / dt,
+        )
     bar.close()
     stats.seconds = time.perf_counter() - start
-    writer.finish({"capture_stats": {**asdict(stats), "tokens_per_second": round(stats.tokens_per_second, 1)}})
+    writer.finish(
+        {"capture_stats": {**asdict(stats), "tokens_per_second": round(stats.tokens_per_second, 1)}}
+    )
     log.info(
         "capture: wrote %d shards (%d resumed), %d tokens in %.1fs = %.0f tok/s, %s",
         stats.shards_written,

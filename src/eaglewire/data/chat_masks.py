@@ -56,7 +56,9 @@ def resolve_chat_template(tokenizer: Any, override: str | Path | None = None) ->
     return template
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], template: str, *, add_generation_prompt: bool) -> str:
+def render(
+    tokenizer: Any, messages: list[dict[str, str]], template: str, *, add_generation_prompt: bool
+) -> str:
     out = tokenizer.apply_chat_template(
         messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
     )
@@ -112,7 +114,9 @@ def assistant_spans(
             if suffix and full.startswith(suffix, end):
                 end += len(suffix)
         if start < cursor or end <= start:
-            raise DataFormatError(f"{where}: assistant message {i} maps to an empty or out-of-order span [{start}, {end})")
+            raise DataFormatError(
+                f"{where}: assistant message {i} maps to an empty or out-of-order span [{start}, {end})"
+            )
         spans.append((start, end))
         cursor = end
     return full, spans
@@ -178,5 +182,7 @@ def user_turn_prefix(tokenizer: Any, template: str) -> str:
     text = render(tokenizer, [{"role": "user", "content": sentinel}], template, add_generation_prompt=False)
     pos = text.find(sentinel)
     if pos < 0:
-        raise ConfigError("the chat template does not render user content verbatim; no Magpie prefix can be taken")
+        raise ConfigError(
+            "the chat template does not render user content verbatim; no Magpie prefix can be taken"
+        )
     return text[:pos]

@@ -67,7 +67,10 @@ class Conversation:
         return sum(m.role == "user" for m in self.messages)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.record_id, "messages": [{"role": m.role, "content": m.content} for m in self.messages]}
+        return {
+            "id": self.record_id,
+            "messages": [{"role": m.role, "content": m.content} for m in self.messages],
+        }
 
 
 @dataclass
@@ -89,7 +92,14 @@ class ReadStats:
             self.skipped_examples.append(reason)
 
     def merge(self, other: ReadStats) -> None:
-        for name in ("lines", "blank_lines", "records", "skipped_malformed", "skipped_empty", "skipped_no_assistant"):
+        for name in (
+            "lines",
+            "blank_lines",
+            "records",
+            "skipped_malformed",
+            "skipped_empty",
+            "skipped_no_assistant",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for ex in other.skipped_examples:
             self.note_skip(ex)
@@ -128,7 +138,9 @@ def _content_text(raw: Any, where: str) -> str:
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
-                raise DataFormatError(f"{where}.content[{i}]: only text parts are supported, got {part!r:.80}")
+                raise DataFormatError(
+                    f"{where}.content[{i}]: only text parts are supported, got {part!r:.80}"
+                )
         return "".join(parts)
     raise DataFormatError(f"{where}.content: expected a string, got {type(raw).__name__}")
 
@@ -140,7 +152,9 @@ def _messages_from_list(items: Any, *, role_key: str, content_key: str, where: s
     for i, item in enumerate(items):
         w = f"{where}[{i}]"
         if not isinstance(item, dict):
-            raise DataFormatError(f"{w}: expected an object with {role_key!r} and {content_key!r}, got {item!r:.80}")
+            raise DataFormatError(
+                f"{w}: expected an object with {role_key!r} and {content_key!r}, got {item!r:.80}"
+            )
         if role_key not in item:
             raise DataFormatError(f"{w}: missing {role_key!r} (keys: {sorted(item)})")
         out.append(Message(_normalize_role(item[role_key], w), _content_text(item.get(content_key), w)))
@@ -155,7 +169,9 @@ def parse_row(row: Any, *, where: str) -> tuple[str | None, list[Message]]:
     if rid is not None and not isinstance(rid, str | int):
         raise DataFormatError(f"{where}: 'id' must be a string or integer, got {rid!r:.80}")
     if "messages" in row:
-        msgs = _messages_from_list(row["messages"], role_key="role", content_key="content", where=f"{where}: messages")
+        msgs = _messages_from_list(
+            row["messages"], role_key="role", content_key="content", where=f"{where}: messages"
+        )
     elif "conversations" in row:
         msgs = _messages_from_list(
             row["conversations"], role_key="from", content_key="value", where=f"{where}: conversations"
@@ -176,8 +192,7 @@ def parse_row(row: Any, *, where: str) -> tuple[str | None, list[Message]]:
 
 def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            yield lineno, raw
+        yield from enumerate(f, start=1)
 
 
 def _decode(raw: bytes, where: str) -> str:
@@ -212,7 +227,8 @@ def read_conversations(
                 row = json.loads(text)
             except json.JSONDecodeError as e:
                 raise DataFormatError(
-                    f"{where}: invalid JSON at column {e.colno} ({e.msg})", fix="fix or delete the line, or pass --skip-bad"
+                    f"{where}: invalid JSON at column {e.colno} ({e.msg})",
+                    fix="fix or delete the line, or pass --skip-bad",
                 ) from None
             rid, msgs = parse_row(row, where=where)
         except DataFormatError as e:

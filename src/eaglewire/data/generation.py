@@ -40,7 +40,9 @@ class SamplingConfig:
     max_new_tokens: int = help_field("most tokens generated per answer", default=512)
     temperature: float = help_field("sampling temperature; 0 = greedy", default=0.7)
     top_p: float = help_field("nucleus sampling threshold in (0, 1]", default=0.95)
-    seed: int = help_field("base seed; each batch derives its own from it, so reruns are identical", default=0)
+    seed: int = help_field(
+        "base seed; each batch derives its own from it, so reruns are identical", default=0
+    )
     batch_size: int = help_field("conversations generated together", default=16)
 
     def __post_init__(self) -> None:
@@ -91,7 +93,9 @@ def hf_generate(
     fork_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices), torch.no_grad():
         torch.manual_seed(seed)
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg)
+        out = model.generate(  # type: ignore[operator]
+            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg
+        )
     return [row.tolist() for row in out[:, width:].cpu()]
 
 

@@ -10,15 +10,18 @@ Sampling is seeded per round, so the same target and settings give the same prom
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
+from pathlib import Path
 
 from tqdm import tqdm
 
 from eaglewire.data.chat_masks import resolve_chat_template, user_turn_prefix
-from eaglewire.data.formats import Conversation, Message
+from eaglewire.data.formats import Conversation, Message, read_conversations
 from eaglewire.data.generation import GenerateFn, SamplingConfig, generate_answers
 from eaglewire.errors import ConfigError
+from eaglewire.io_utils import atomic_write_text
 from eaglewire.target.loading import LoadedTarget
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,29 @@ def generate_magpie_prompts(
         stats["truncated"],
     )
     if len(out) < num_prompts:
-        log.warning("magpie: only %d of %d distinct prompts after %d rounds", len(out), num_prompts, max_rounds)
+        log.warning(
+            "magpie: only %d of %d distinct prompts after %d rounds", len(out), num_prompts, max_rounds
+        )
     return out
 
+
+def cached_magpie_prompts(
+    target: LoadedTarget,
+    path: Path,
+    num_prompts: int,
+    *,
+    sampling: SamplingConfig = DEFAULT_MAGPIE_SAMPLING,
+    chat_template: str | None = None,
+    show_progress: bool = True,
+) -> list[Conversation]:
+    """Magpie prompts kept in `path` (JSONL): read when present, else sampled and written atomically.
+
+    Regeneration reruns reuse the file, so a resumed run answers exactly the same prompts.
+    """
+    path = Path(path)
+    if not path.exists():
+        convs = generate_magpie_prompts(
+            target, num_prompts, sampling=sampling, chat_template=chat_template, show_progress=show_progress
+        )
+        atomic_write_text(path, "".join(json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in convs))
+    return read_conversations(path)[0]

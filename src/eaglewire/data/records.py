@@ -43,7 +43,9 @@ class TokenizedDataset:
     def __post_init__(self) -> None:
         R = len(self.record_ids)
         if self.offsets.shape != (R + 1,):
-            raise DataFormatError(f"offsets: expected shape ({R + 1},) for {R} records, got {tuple(self.offsets.shape)}")
+            raise DataFormatError(
+                f"offsets: expected shape ({R + 1},) for {R} records, got {tuple(self.offsets.shape)}"
+            )
         n = int(self.offsets[-1]) if R else 0
         if self.input_ids.shape != (n,) or self.loss_mask.shape != (n,):
             raise DataFormatError(
@@ -55,13 +57,19 @@ class TokenizedDataset:
 
     # --- construction ---
     @classmethod
-    def from_records(cls, records: list[TokenizedRecord], meta: dict[str, Any] | None = None) -> TokenizedDataset:
+    def from_records(
+        cls, records: list[TokenizedRecord], meta: dict[str, Any] | None = None
+    ) -> TokenizedDataset:
         lengths = [int(r.input_ids.numel()) for r in records]
         offsets = torch.zeros(len(records) + 1, dtype=torch.long)
         if records:
             offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.long), 0)
-        ids = torch.cat([r.input_ids.long() for r in records]) if records else torch.zeros(0, dtype=torch.long)
-        mask = torch.cat([r.loss_mask.bool() for r in records]) if records else torch.zeros(0, dtype=torch.bool)
+        ids = (
+            torch.cat([r.input_ids.long() for r in records]) if records else torch.zeros(0, dtype=torch.long)
+        )
+        mask = (
+            torch.cat([r.loss_mask.bool() for r in records]) if records else torch.zeros(0, dtype=torch.bool)
+        )
         return cls([r.record_id for r in records], ids, mask, offsets, dict(meta or {}))
 
     # --- access ---
@@ -123,17 +131,22 @@ class TokenizedDataset:
         for p in (tokens, index_path):
             if not p.exists():
                 raise DataFormatError(
-                    f"{directory}: not a tokenized dataset ({p.name} missing)", fix="create it with `eaglewire data build`"
+                    f"{directory}: not a tokenized dataset ({p.name} missing)",
+                    fix="create it with `eaglewire data build`",
                 )
         index = read_json_file(index_path)
         if index.get("schema_version") != INDEX_SCHEMA:
-            raise DataFormatError(f"{index_path}: schema_version expected {INDEX_SCHEMA}, got {index.get('schema_version')}")
+            raise DataFormatError(
+                f"{index_path}: schema_version expected {INDEX_SCHEMA}, got {index.get('schema_version')}"
+            )
         t = load_file(str(tokens))
         missing = sorted({"input_ids", "loss_mask", "offsets"} - set(t))
         if missing:
             raise DataFormatError(f"{tokens}: missing tensors {missing}")
         meta = {k: v for k, v in index.items() if k not in (*_DERIVED_KEYS, "record_ids", "schema_version")}
         try:
-            return cls(list(index["record_ids"]), t["input_ids"], t["loss_mask"].bool(), t["offsets"].long(), meta)
+            return cls(
+                list(index["record_ids"]), t["input_ids"], t["loss_mask"].bool(), t["offsets"].long(), meta
+            )
         except DataFormatError as e:
             raise DataFormatError(f"{directory}: {e}") from None

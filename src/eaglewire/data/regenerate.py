@@ -79,7 +79,9 @@ def scan_output(output: Path) -> dict[str, int]:
     data = output.read_bytes()
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
-        log.warning("%s: last line is incomplete (%d bytes, interrupted write); removing it", output, len(data) - keep)
+        log.warning(
+            "%s: last line is incomplete (%d bytes, interrupted write); removing it", output, len(data) - keep
+        )
         with open(output, "r+b") as f:
             f.truncate(keep)
             f.flush()
@@ -108,7 +110,8 @@ def _check_sidecar(output: Path, settings: dict[str, Any], resuming: bool) -> No
         diffs = [f"{k}: before={old.get(k)!r} now={v!r}" for k, v in settings.items() if old.get(k) != v]
         if diffs:
             raise ConfigError(
-                f"{output} was generated with other settings; resuming would mix them:\n  " + "\n  ".join(diffs),
+                f"{output} was generated with other settings; resuming would mix them:\n  "
+                + "\n  ".join(diffs),
                 fix="rerun with the original settings, or write to a new --output",
             )
     atomic_write_json(path, settings)
@@ -218,7 +221,9 @@ def regenerate(
     _check_sidecar(output, settings, resuming=bool(done))
     stats = RegenerateStats(conversations=len(conversations), already_done=len(done), backend=fn.__module__)
     output.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(conversations), initial=len(done), desc="regenerate", unit="conv", disable=not show_progress)
+    bar = tqdm(
+        total=len(conversations), initial=len(done), desc="regenerate", unit="conv", disable=not show_progress
+    )
     start = time.perf_counter()
     B = sampling.batch_size
     with open(output, "a", encoding="utf-8") as f:

@@ -101,7 +101,9 @@ def write_shard(path: Path, index: int, first_record: int, records: list[Capture
 def load_manifest(directory: Path) -> dict[str, Any]:
     path = Path(directory) / MANIFEST_FILE
     if not path.exists():
-        raise DataFormatError(f"{directory}: no {MANIFEST_FILE}; not a shard directory", fix="run `eaglewire data capture`")
+        raise DataFormatError(
+            f"{directory}: no {MANIFEST_FILE}; not a shard directory", fix="run `eaglewire data capture`"
+        )
     manifest = read_json_file(path)
     if manifest.get("format") != MANIFEST_FORMAT or manifest.get("schema_version") != MANIFEST_SCHEMA:
         raise DataFormatError(
@@ -118,7 +120,9 @@ class ShardWriter:
     with another plan or contract is refused rather than mixed into the same directory.
     """
 
-    def __init__(self, directory: Path, contract: Contract, *, plan: dict[str, Any], total_records: int) -> None:
+    def __init__(
+        self, directory: Path, contract: Contract, *, plan: dict[str, Any], total_records: int
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.contract = contract
@@ -127,8 +131,14 @@ class ShardWriter:
         if manifest_path.exists():
             old = load_manifest(self.directory)
             old_contract = Contract.from_json(old["contract"], where=str(manifest_path))
-            require_same_wiring(old_contract, contract, names=("existing shards", "this capture"), check_dtype=True)
-            diffs = [f"{k}: existing={old['plan'].get(k)!r} now={v!r}" for k, v in plan.items() if old["plan"].get(k) != v]
+            require_same_wiring(
+                old_contract, contract, names=("existing shards", "this capture"), check_dtype=True
+            )
+            diffs = [
+                f"{k}: existing={old['plan'].get(k)!r} now={v!r}"
+                for k, v in plan.items()
+                if old["plan"].get(k) != v
+            ]
             if diffs:
                 raise DataFormatError(
                     f"{self.directory}: holds shards of another capture:\n  " + "\n  ".join(diffs),
@@ -189,7 +199,11 @@ class ShardDataset:
     """
 
     def __init__(
-        self, directory: Path, *, verify: Literal["lazy", "eager", "none"] = "lazy", allow_incomplete: bool = False
+        self,
+        directory: Path,
+        *,
+        verify: Literal["lazy", "eager", "none"] = "lazy",
+        allow_incomplete: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.manifest = load_manifest(self.directory)
@@ -199,7 +213,9 @@ class ShardDataset:
                 f"{self.manifest['total_records']} records)",
                 fix="rerun the same `eaglewire data capture` command to resume it",
             )
-        self.contract = Contract.from_json(self.manifest["contract"], where=str(self.directory / MANIFEST_FILE))
+        self.contract = Contract.from_json(
+            self.manifest["contract"], where=str(self.directory / MANIFEST_FILE)
+        )
         self.shards = [ShardInfo(**s) for s in self.manifest["shards"]]
         self._starts = []
         n = 0

@@ -28,7 +28,12 @@ log = logging.getLogger(__name__)
 
 CHECK = "data vs target"
 LOOSEST_TOLERANCE = max(TOLERANCE.values())
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
+DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float64: "float64",
+}
 DTYPE_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
 
 
@@ -169,7 +174,9 @@ def check_data_against_target(
         mean = {k: sum(v) / len(v) for k, v in dists.items()}
         best = min(mean, key=lambda k: mean[k])
         dec = declared_keys.get(name)
-        matches.append(ColumnMatch(name, dec, best, mean[best], mean.get(dec, float("inf")) if dec else float("inf")))
+        matches.append(
+            ColumnMatch(name, dec, best, mean[best], mean.get(dec, float("inf")) if dec else float("inf"))
+        )
 
     aux_matches = [m for m in matches if m.name != "final"]
     final_match = next((m for m in matches if m.name == "final"), None)
@@ -187,7 +194,9 @@ def check_data_against_target(
         )
     missing = [n for n in declared_keys if n not in per_col and n != "final"]
     for n in missing:
-        result.rows.append(Row(item=n, declared=key_text(declared_keys[n], L), actual="(no such column)", ok=False))
+        result.rows.append(
+            Row(item=n, declared=key_text(declared_keys[n], L), actual="(no such column)", ok=False)
+        )
 
     aux_actual = tuple(m.actual(LOOSEST_TOLERANCE) for m in aux_matches)
     final_actual = final_match.actual(LOOSEST_TOLERANCE) if final_match else None
@@ -250,7 +259,9 @@ def _wiring_findings(
         )
         if all(b is not None for b in actual_bounds):
             bounds = [int(b) for b in actual_bounds if b is not None]
-            final_txt = f", final = boundary {final_actual.boundary} {final_actual.norm}-norm" if final_actual else ""
+            final_txt = (
+                f", final = boundary {final_actual.boundary} {final_actual.norm}-norm" if final_actual else ""
+            )
             fix = (
                 f"the tensors are right, the labels are wrong: set the data contract to aux_boundaries={fmt_list(bounds)}"
                 f"{final_txt} (and train/serve with exactly those; {engine_ids_hint(bounds, L)})"

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from eaglewire.contract.fingerprint import StateKey
 from eaglewire.contract.numbering import Numbering, describe_boundary, from_boundaries
-from eaglewire.errors import BoundaryError
 from eaglewire.doctor.findings import fmt_list
+from eaglewire.errors import BoundaryError
 
 EMBEDDING_BOUNDARY = 0
 
@@ -59,7 +59,9 @@ def diagnose_aux(
     if len(act) != len(dec):
         extra = len(act) - len(dec)
         if extra > 0 and EMBEDDING_BOUNDARY in act and EMBEDDING_BOUNDARY not in dec:
-            return f"the data has {extra} more column(s) than its label: an extra embedding column (boundary 0)"
+            return (
+                f"the data has {extra} more column(s) than its label: an extra embedding column (boundary 0)"
+            )
         if extra < 0 and EMBEDDING_BOUNDARY in dec and EMBEDDING_BOUNDARY not in act:
             return f"the data has {-extra} fewer column(s) than its label: the labelled embedding column is missing"
         return f"the data has {len(act)} aux column(s), its label declares {len(dec)}"

@@ -34,11 +34,21 @@ IDENTITY_FIXES = {
 }
 
 
-def check_identity(contract: Contract, target: LoadedTarget, result: CheckResult, *, who: str = "draft") -> bool:
+def check_identity(
+    contract: Contract, target: LoadedTarget, result: CheckResult, *, who: str = "draft"
+) -> bool:
     """Compare the contract's target identity with the live target; True when the shapes agree."""
     declared, live = to_dict(contract.target), to_dict(target_identity(target))
     shapes_ok = True
-    for key in ("architecture", "num_layers", "hidden_size", "vocab_size", "config_hash", "tokenizer_hash", "chat_template_hash"):
+    for key in (
+        "architecture",
+        "num_layers",
+        "hidden_size",
+        "vocab_size",
+        "config_hash",
+        "tokenizer_hash",
+        "chat_template_hash",
+    ):
         ok = declared[key] == live[key]
         shown_d = str(declared[key])[:16] if key.endswith("hash") else str(declared[key])
         shown_l = str(live[key])[:16] if key.endswith("hash") else str(live[key])
@@ -59,7 +69,9 @@ def check_identity(contract: Contract, target: LoadedTarget, result: CheckResult
     return shapes_ok
 
 
-def check_fingerprint_values(contract: Contract, target: LoadedTarget, result: CheckResult, *, who: str = "draft") -> None:
+def check_fingerprint_values(
+    contract: Contract, target: LoadedTarget, result: CheckResult, *, who: str = "draft"
+) -> None:
     """The contract's fingerprint recomputed on the live target: each tensor must be its declared state."""
     if contract.fingerprint is None:
         result.notes.append(f"{who} contract has no fingerprint: boundaries not proven by values")
@@ -100,7 +112,9 @@ def check_vocab_map(source: DraftSource, vocab_size: int, result: CheckResult) -
     if source.kind == "eaglewire":
         absolute = source.tensors.get("draft_to_target")
         if absolute is None:
-            result.findings.append(_vocab_finding("draft_to_target buffer missing from the weights", "present", "absent"))
+            result.findings.append(
+                _vocab_finding("draft_to_target buffer missing from the weights", "present", "absent")
+            )
             return
         _check_absolute(absolute.long(), vocab_size, vd, result, name="draft_to_target")
         return
@@ -108,7 +122,9 @@ def check_vocab_map(source: DraftSource, vocab_size: int, result: CheckResult) -
     if d2t is None:
         if vd is not None and vd < vocab_size:
             result.findings.append(
-                _vocab_finding(f"d2t missing while draft_vocab_size={vd} < vocab_size={vocab_size}", "d2t [Vd]", "absent")
+                _vocab_finding(
+                    f"d2t missing while draft_vocab_size={vd} < vocab_size={vocab_size}", "d2t [Vd]", "absent"
+                )
             )
         else:
             result.notes.append("no d2t: full target vocabulary")
@@ -117,7 +133,9 @@ def check_vocab_map(source: DraftSource, vocab_size: int, result: CheckResult) -
     offsets = torch.arange(d2t.numel(), dtype=torch.long)
     absolute = offsets + d2t
     if vd is not None and d2t.numel() != vd:
-        result.findings.append(_vocab_finding("d2t length differs from draft_vocab_size", f"Vd={vd}", f"{d2t.numel()} entries"))
+        result.findings.append(
+            _vocab_finding("d2t length differs from draft_vocab_size", f"Vd={vd}", f"{d2t.numel()} entries")
+        )
     if vd is not None and vd < vocab_size and bool((d2t == 0).all()):
         result.findings.append(
             _vocab_finding(
@@ -127,7 +145,11 @@ def check_vocab_map(source: DraftSource, vocab_size: int, result: CheckResult) -
             )
         )
         return
-    absolute_ok = int(absolute.min()) >= 0 and int(absolute.max()) < vocab_size and len(torch.unique(absolute)) == len(absolute)
+    absolute_ok = (
+        int(absolute.min()) >= 0
+        and int(absolute.max()) < vocab_size
+        and len(torch.unique(absolute)) == len(absolute)
+    )
     if not absolute_ok:
         looks_absolute = (
             int(d2t.min()) >= 0 and int(d2t.max()) < vocab_size and len(torch.unique(d2t)) == len(d2t)
@@ -155,7 +177,14 @@ def check_vocab_map(source: DraftSource, vocab_size: int, result: CheckResult) -
         t2d = t2d.bool()
         count = int(t2d.sum())
         ok = t2d.numel() == vocab_size and count == len(absolute) and bool(t2d[absolute].all())
-        result.rows.append(Row(item="t2d", declared=f"{len(absolute)} true of V={vocab_size}", actual=f"{count} true of {t2d.numel()}", ok=ok))
+        result.rows.append(
+            Row(
+                item="t2d",
+                declared=f"{len(absolute)} true of V={vocab_size}",
+                actual=f"{count} true of {t2d.numel()}",
+                ok=ok,
+            )
+        )
         if not ok:
             result.findings.append(
                 _vocab_finding(
@@ -166,7 +195,9 @@ def check_vocab_map(source: DraftSource, vocab_size: int, result: CheckResult) -
             )
 
 
-def _check_absolute(absolute: torch.Tensor, vocab_size: int, vd: int | None, result: CheckResult, *, name: str) -> None:
+def _check_absolute(
+    absolute: torch.Tensor, vocab_size: int, vd: int | None, result: CheckResult, *, name: str
+) -> None:
     problems = []
     if vd is not None and absolute.numel() != vd:
         problems.append(f"{absolute.numel()} entries, Vd={vd}")
@@ -174,9 +205,20 @@ def _check_absolute(absolute: torch.Tensor, vocab_size: int, vd: int | None, res
         problems.append(f"ids {int(absolute.min())}..{int(absolute.max())} outside 0..{vocab_size - 1}")
     if len(torch.unique(absolute)) != absolute.numel():
         problems.append(f"{absolute.numel() - len(torch.unique(absolute))} duplicated target ids")
-    result.rows.append(Row(item=name, declared=f"Vd={vd} unique ids < {vocab_size}", actual="; ".join(problems) or "valid", ok=not problems))
+    result.rows.append(
+        Row(
+            item=name,
+            declared=f"Vd={vd} unique ids < {vocab_size}",
+            actual="; ".join(problems) or "valid",
+            ok=not problems,
+        )
+    )
     if problems:
-        result.findings.append(_vocab_finding(f"{name} is not a valid absolute vocabulary map", "unique ids in range", "; ".join(problems)))
+        result.findings.append(
+            _vocab_finding(
+                f"{name} is not a valid absolute vocabulary map", "unique ids in range", "; ".join(problems)
+            )
+        )
 
 
 def _vocab_finding(what: str, declared: str, actual: str, *, fix: str | None = None) -> Finding:
@@ -199,7 +241,14 @@ def check_fc_width(source: DraftSource, num_aux: int | None, target_hidden: int,
         result.notes.append(f"fc reads {fc_in} columns; number of aux states unknown")
         return
     want = num_aux * target_hidden
-    result.rows.append(Row(item="fc.weight in_features", declared=f"A*Ht = {num_aux}*{target_hidden} = {want}", actual=str(fc_in), ok=fc_in == want))
+    result.rows.append(
+        Row(
+            item="fc.weight in_features",
+            declared=f"A*Ht = {num_aux}*{target_hidden} = {want}",
+            actual=str(fc_in),
+            ok=fc_in == want,
+        )
+    )
     if fc_in != want:
         result.findings.append(
             Finding(
@@ -235,7 +284,9 @@ def check_draft(
     result = CheckResult(name=CHECK)
     contract = source.contract
     if contract is None:
-        result.notes.append(f"{source.path}: no contract.json ({source.kind} export): identity and fingerprint unchecked")
+        result.notes.append(
+            f"{source.path}: no contract.json ({source.kind} export): identity and fingerprint unchecked"
+        )
     shapes_ok = True
     if target is not None and contract is not None:
         shapes_ok = check_identity(contract, target, result)
@@ -255,10 +306,18 @@ def check_draft(
                     fix="train the draft on this data (or check it against the data it was trained on)",
                 )
             )
-    vocab = target.vocab_size if target is not None else (contract.target.vocab_size if contract else source.vocab_size)
+    vocab = (
+        target.vocab_size
+        if target is not None
+        else (contract.target.vocab_size if contract else source.vocab_size)
+    )
     if vocab is not None:
         check_vocab_map(source, vocab, result)
-    ht = target.hidden_size if target is not None else (contract.target.hidden_size if contract else source.target_hidden_size)
+    ht = (
+        target.hidden_size
+        if target is not None
+        else (contract.target.hidden_size if contract else source.target_hidden_size)
+    )
     if ht is not None and shapes_ok:
         num_aux = contract.num_aux if contract is not None and source.kind == "eaglewire" else source.num_aux
         check_fc_width(source, num_aux, ht, result)

@@ -124,7 +124,11 @@ def read_draft_source(directory: Path, *, with_tensors: bool = True) -> DraftSou
     kind = detect_kind(config, str(cfg_path))
     contract = Contract.load(directory) if (directory / CONTRACT_FILE).exists() else None
     nested = config.get(SGLANG_NESTED)
-    nested_ids = _ids(nested.get(IDS_KEY), f"{cfg_path}: {SGLANG_NESTED}.{IDS_KEY}") if isinstance(nested, dict) else None
+    nested_ids = (
+        _ids(nested.get(IDS_KEY), f"{cfg_path}: {SGLANG_NESTED}.{IDS_KEY}")
+        if isinstance(nested, dict)
+        else None
+    )
     layer_cfg = config.get("transformer_layer_config")
     vocab = _int(config, "vocab_size")
     if vocab is None and isinstance(layer_cfg, dict):

@@ -45,7 +45,11 @@ class Finding:
         }
 
     def lines(self) -> list[str]:
-        out = [f"[{self.severity}] {self.check}: {self.what}", f"    declared: {self.declared}", f"    actual:   {self.actual}"]
+        out = [
+            f"[{self.severity}] {self.check}: {self.what}",
+            f"    declared: {self.declared}",
+            f"    actual:   {self.actual}",
+        ]
         out += [f"    {d}" for d in self.details]
         out.append(f"    fix: {self.fix}")
         return out
@@ -62,7 +66,13 @@ class Row:
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"item": self.item, "declared": self.declared, "actual": self.actual, "ok": self.ok, "note": self.note}
+        return {
+            "item": self.item,
+            "declared": self.declared,
+            "actual": self.actual,
+            "ok": self.ok,
+            "note": self.note,
+        }
 
 
 @dataclass

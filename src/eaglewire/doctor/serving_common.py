@@ -38,7 +38,9 @@ class ServingLint:
     readings: list[ServedReading]
 
 
-def served_draft_source(path_text: str | None, fallback: DraftSource | None) -> tuple[DraftSource | None, str | None]:
+def served_draft_source(
+    path_text: str | None, fallback: DraftSource | None
+) -> tuple[DraftSource | None, str | None]:
     """The draft config the engine reads: the engine's draft path when it is a local directory, else --draft.
 
     Returns (source, note); the note says which was used or why the engine's path was not read.
@@ -61,11 +63,21 @@ def reading_row(r: ServedReading, num_layers: int) -> Row:
         actual = f"unreadable: {r.problem}"
     else:
         actual = f"boundaries {describe_boundaries(r.boundaries, num_layers)}"
-    return Row(item=f"{r.label}: layer ids", declared=ids, actual=actual, ok=r.boundaries is not None and r.problem is None)
+    return Row(
+        item=f"{r.label}: layer ids",
+        declared=ids,
+        actual=actual,
+        ok=r.boundaries is not None and r.problem is None,
+    )
 
 
 def compare_reading(
-    r: ServedReading, trained: Sequence[int] | None, num_layers: int, result: CheckResult, *, trained_from: str
+    r: ServedReading,
+    trained: Sequence[int] | None,
+    num_layers: int,
+    result: CheckResult,
+    *,
+    trained_from: str,
 ) -> bool:
     """Add a finding when the engine would not capture what the draft was trained on. True when it matches."""
     if r.boundaries is None:
@@ -98,7 +110,9 @@ def compare_reading(
     if tuple(r.boundaries) == tuple(trained):
         what = f"{r.label}: {r.problem}"
     else:
-        what = f"{r.label} feeds the draft other states than it was trained on: " + diagnose_aux(trained, list(r.boundaries))
+        what = f"{r.label} feeds the draft other states than it was trained on: " + diagnose_aux(
+            trained, list(r.boundaries)
+        )
         if r.problem:
             what += f"; and {r.problem}"
     result.findings.append(

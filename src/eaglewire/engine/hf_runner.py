@@ -45,14 +45,16 @@ class HFTargetRunner:
         return torch.tensor([len(c) for c in self._committed], dtype=torch.long)
 
     def _mask(self, committed: int, tree_mask: torch.Tensor | None, n: int) -> torch.Tensor:
-        """[1, 1, C+N, C+N] additive float mask (0 = attend) for one row."""
+        """[1, 1, C+N, C+N] mask for one row: bool (True = attend), or additive float for eager attention."""
         total = committed + n
         allowed = torch.ones(total, total, dtype=torch.bool, device=self.device).tril()
         if tree_mask is not None:
             allowed[committed:, committed:] = tree_mask.to(self.device)
-        blocked = torch.zeros(total, total, dtype=self.dtype, device=self.device)
-        blocked.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return blocked[None, None]
+        if getattr(self.model.config, "_attn_implementation", None) != "eager":
+            return allowed[None, None]
+        additive = torch.zeros(total, total, dtype=self.dtype, device=self.device)
+        additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return additive[None, None]
 
     @torch.no_grad()
     def forward(

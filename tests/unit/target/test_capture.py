@@ -8,10 +8,10 @@ import torch
 
 from eaglewire.contract import FinalState, StateKey
 from eaglewire.target.capture import capture, capture_all
-from tests.helpers.tiny import ARCHITECTURES, make_tiny_target
+from tests.helpers.tiny import CAPTURE_ARCHITECTURES, make_tiny_target
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
+@pytest.fixture(scope="module", params=CAPTURE_ARCHITECTURES)
 def target(request):
     return make_tiny_target(request.param)
 

@@ -1,0 +1,348 @@
+"""`eaglewire data ...`: regenerate, build, vocab, capture, inspect, import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from eaglewire.cli.common import parse_int_list, print_json, print_table
+
+data_app = typer.Typer(
+    help="Training data: regenerate answers, tokenize, vocab map, capture, import.", no_args_is_help=True
+)
+
+INPUT_HELP = (
+    "JSONL file (OpenAI messages / ShareGPT conversations / prompt rows) or builtin:chitchat|humaneval|magpie"
+)
+SPLIT_HELP = "split of a built-in set: train (default) or eval (the fixed held-out split; never train on it)"
+
+
+def _tokenizer(target: str) -> Any:
+    """A tokenizer from a model directory or 'smollm2', without loading weights when possible."""
+    from eaglewire.errors import TargetFilesError
+    from eaglewire.target.loading import load_target, load_tokenizer, resolve_target_path
+
+    path = resolve_target_path(target)
+    if path.is_dir():
+        tok = load_tokenizer(path)
+    else:
+        tok = load_target(target, dtype="float32").tokenizer
+    if tok is None:
+        raise TargetFilesError(
+            f"{target}: no tokenizer files", fix="point --target at a directory with tokenizer.json"
+        )
+    return tok
+
+
+@data_app.command("regenerate")
+def regenerate_cmd(
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    input: str = typer.Option(..., "--input", help=INPUT_HELP),
+    out: Path = typer.Option(..., "--out", help="output JSONL (appended; rerun to resume)"),
+    split: str = typer.Option("train", "--split", help=SPLIT_HELP),
+    temperature: float = typer.Option(0.7, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    seed: int = typer.Option(0, "--seed"),
+    limit: int = typer.Option(None, "--limit", help="use only the first N conversations"),
+    max_prompt_tokens: int = typer.Option(
+        None, "--max-prompt-tokens", help="stop a conversation when its prompt is longer"
+    ),
+    magpie_prompts: int = typer.Option(1000, "--magpie-prompts", help="prompts to sample for builtin:magpie"),
+    chat_template: str = typer.Option(
+        None, "--chat-template", help="Jinja file (or text) replacing the tokenizer's"
+    ),
+    skip_bad: bool = typer.Option(
+        False, "--skip-bad", help="skip (and count) malformed lines instead of failing"
+    ),
+    dtype: str = typer.Option("bfloat16", "--dtype"),
+    device: str = typer.Option("cpu", "--device"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """The target answers every user turn (EAGLE-3's self-distillation); output is JSONL again."""
+    from dataclasses import replace
+
+    from eaglewire.data.build import load_source
+    from eaglewire.data.builtin import builtin_name, parse_split, select_split
+    from eaglewire.data.formats import ReadStats
+    from eaglewire.data.generation import SamplingConfig
+    from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, cached_magpie_prompts
+    from eaglewire.data.regenerate import regenerate
+    from eaglewire.target.loading import load_target
+
+    sampling = SamplingConfig(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size
+    )
+    loaded = load_target(target, dtype=dtype, device=device)
+    if builtin_name(input) == "magpie":
+        magpie_sampling = replace(DEFAULT_MAGPIE_SAMPLING, seed=seed, batch_size=batch_size)
+        prompts = cached_magpie_prompts(
+            loaded,
+            out.with_name(out.name + ".prompts.jsonl"),
+            magpie_prompts,
+            sampling=magpie_sampling,
+            chat_template=chat_template,
+            show_progress=progress,
+        )
+        convs, read_stats = select_split(prompts, parse_split(split))[:limit], ReadStats(records=len(prompts))
+    else:
+        convs, read_stats = load_source(
+            input, split=parse_split(split), require_assistant=False, skip_bad=skip_bad, limit=limit
+        )
+    stats = regenerate(
+        loaded,
+        convs,
+        out,
+        sampling,
+        chat_template=chat_template,
+        max_prompt_tokens=max_prompt_tokens,
+        show_progress=progress,
+    )
+    print_table(
+        f"regenerated into {out}",
+        ["field", "value"],
+        [
+            ["conversations", stats.conversations],
+            ["already done (resumed)", stats.already_done],
+            ["written now", stats.written],
+            ["answers / cut at max tokens", f"{stats.answers} / {stats.answers_cut_at_max_tokens}"],
+            ["generated tokens", stats.generated_tokens],
+            ["tokens/s", f"{stats.tokens_per_second:.1f}"],
+            ["skipped input (malformed/empty)", f"{read_stats.skipped_malformed}/{read_stats.skipped_empty}"],
+            ["backend", stats.backend],
+        ],
+    )
+
+
+@data_app.command("build")
+def build_cmd(
+    target: str = typer.Option(
+        ..., "--target", help="model directory or 'smollm2' (only its tokenizer is loaded)"
+    ),
+    input: str = typer.Option(..., "--input", help=INPUT_HELP),
+    out: Path = typer.Option(..., "--out", help="dataset directory to write"),
+    max_length: int = typer.Option(
+        2048, "--max-length", help="tokens per record; longer ones are truncated (counted)"
+    ),
+    split: str = typer.Option("train", "--split", help=SPLIT_HELP),
+    chat_template: str = typer.Option(
+        None, "--chat-template", help="Jinja file (or text) replacing the tokenizer's"
+    ),
+    skip_bad: bool = typer.Option(
+        False, "--skip-bad", help="skip (and count) malformed lines instead of failing"
+    ),
+    limit: int = typer.Option(None, "--limit"),
+    json_out: bool = typer.Option(False, "--json", help="print the counts as JSON"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Tokenize with the chat template; loss mask on assistant tokens (by character offsets)."""
+    from dataclasses import asdict
+
+    from eaglewire.data.build import build_dataset, load_source
+    from eaglewire.data.builtin import parse_split
+
+    convs, read_stats = load_source(
+        input, split=parse_split(split), require_assistant=True, skip_bad=skip_bad, limit=limit
+    )
+    ds, stats = build_dataset(
+        convs,
+        _tokenizer(target),
+        chat_template=chat_template,
+        max_length=max_length,
+        split=parse_split(split),
+        skip_bad=skip_bad,
+        read_stats=read_stats,
+        source=input,
+        show_progress=progress,
+    )
+    ds.save(out)
+    counts = {**read_stats.to_json(), **asdict(stats)}
+    if json_out:
+        print_json(counts)
+        return
+    print_table(
+        f"dataset written to {out}", ["count", "value"], [[k, v] for k, v in counts.items() if k != "lines"]
+    )
+
+
+@data_app.command("vocab")
+def vocab_cmd(
+    dataset: Path = typer.Option(..., "--dataset", help="dataset directory from `eaglewire data build`"),
+    draft_vocab_size: int = typer.Option(..., "--draft-vocab-size", help="Vd"),
+    vocab_size: int = typer.Option(
+        None, "--vocab-size", help="target V (default: the tokenizer's, recorded at build)"
+    ),
+    out: Path = typer.Option(
+        None, "--out", help="directory for draft_vocab.safetensors (default: the dataset's)"
+    ),
+) -> None:
+    """Top-Vd loss-masked target tokens (special tokens kept) -> draft_vocab.safetensors."""
+    from eaglewire.data.records import TokenizedDataset
+    from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
+
+    ds = TokenizedDataset.load(dataset)
+    vocab = build_draft_vocab(ds, draft_vocab_size, vocab_size=vocab_size)
+    path = save_draft_vocab(vocab, out or dataset)
+    s = vocab.stats
+    print_table(
+        f"draft vocabulary written to {path}",
+        ["field", "value"],
+        [
+            ["Vd / V", f"{s['draft_vocab_size']} / {s['vocab_size']}"],
+            ["coverage of loss tokens", f"{100 * s['coverage']:.2f}%"],
+            ["distinct loss tokens", s["distinct_loss_tokens"]],
+            ["special ids kept", len(s["special_ids_kept"])],
+            ["filled with unseen ids (ascending)", s["filled_unseen"]],
+        ],
+    )
+
+
+@data_app.command("capture")
+def capture_cmd(
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    dataset: Path = typer.Option(..., "--dataset", help="dataset directory from `eaglewire data build`"),
+    out: Path = typer.Option(..., "--out", help="shard directory (rerun the same command to resume)"),
+    aux_boundaries: str = typer.Option(
+        None, "--aux-boundaries", help="eaglewire boundaries; default 2,L//2,L-3"
+    ),
+    final_norm: str = typer.Option(
+        "pre", "--final-norm", help="final state before ('pre') or after ('post') the norm"
+    ),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="padded tokens per forward"),
+    shard_records: int = typer.Option(256, "--shard-records", help="records per shard file"),
+    dtype: str = typer.Option("bfloat16", "--dtype"),
+    device: str = typer.Option("cpu", "--device"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Capture the contract's hidden states into safetensors shards + manifest.json."""
+    from eaglewire.data.capture import capture_dataset, human_bytes
+    from eaglewire.data.records import TokenizedDataset
+    from eaglewire.errors import ConfigError
+    from eaglewire.target.loading import load_target
+
+    if final_norm not in ("pre", "post"):
+        raise ConfigError(f"--final-norm: expected 'pre' or 'post', got {final_norm!r}")
+    loaded = load_target(target, dtype=dtype, device=device)
+    ds = TokenizedDataset.load(dataset)
+    stats = capture_dataset(
+        loaded,
+        ds,
+        out,
+        aux_boundaries=parse_int_list(aux_boundaries, what="--aux-boundaries"),
+        final_norm="post" if final_norm == "post" else "pre",
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        shard_records=shard_records,
+        source=str(dataset),
+        show_progress=progress,
+    )
+    print_table(
+        f"shards written to {out}",
+        ["field", "value"],
+        [
+            ["records / tokens (this run)", f"{stats.records} / {stats.tokens}"],
+            ["shards written / resumed", f"{stats.shards_written} / {stats.shards_resumed}"],
+            [
+                "estimated / written",
+                f"{human_bytes(stats.estimated_bytes)} / {human_bytes(stats.written_bytes)}",
+            ],
+            ["throughput", f"{stats.tokens_per_second:.0f} tok/s"],
+        ],
+    )
+
+
+@data_app.command("inspect")
+def inspect_cmd(
+    path: Path = typer.Argument(..., help="dataset directory or shard directory"),
+    index: int = typer.Option(None, "--index", help="record index (default 0)"),
+    record_id: str = typer.Option(None, "--id", help="record id"),
+    target: str = typer.Option(
+        None, "--target", help="tokenizer source for token text (default: the recorded one)"
+    ),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="rows shown in the table"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """One record: tokens, loss mask and, for shards, the norm of each token at each boundary."""
+    from eaglewire.data.inspect import inspect_record, recorded_tokenizer_path
+
+    tok_src = target or recorded_tokenizer_path(path)
+    info = inspect_record(
+        path, index=index, record_id=record_id, tokenizer=_tokenizer(tok_src) if tok_src else None
+    )
+    if json_out:
+        print_json(info)
+        return
+    print_table(
+        f"{info['record_id']} (#{info['index']}, {info['num_tokens']} tokens, {info['loss_tokens']} in the loss)",
+        ["pos", "id", "text", "loss", *[f"|{b}|" for b in info["boundaries"]]],
+        [
+            [
+                t["pos"],
+                t["id"],
+                repr(t["text"]) if t["text"] is not None else "",
+                "x" if t["loss"] else "",
+                *t.get("norms", []),
+            ]
+            for t in info["tokens"][:max_tokens]
+        ],
+    )
+    if info["norm_summary"]:
+        print_table(
+            "per-boundary token norms",
+            ["state", "mean", "min", "max"],
+            [
+                [k, f"{v['mean']:.3f}", f"{v['min']:.3f}", f"{v['max']:.3f}"]
+                for k, v in info["norm_summary"].items()
+            ],
+        )
+
+
+@data_app.command("import")
+def import_cmd(
+    engine: str = typer.Option(..., "--engine", help="speculators (vLLM extract_hidden_states) or specforge"),
+    source: Path = typer.Option(..., "--source", help="directory the engine wrote (safetensors only)"),
+    out: Path = typer.Option(..., "--out", help="shard directory to write"),
+    target: Path = typer.Option(
+        ..., "--target", help="the target's model directory (config + tokenizer; no weights read)"
+    ),
+    layer_ids: str = typer.Option(
+        None, "--layer-ids", help="ids the engine captured, in ITS numbering (default: its defaults)"
+    ),
+    masks: Path = typer.Option(
+        None, "--masks", help="speculators: dataset dir or JSONL rows with input_ids+loss_mask"
+    ),
+    all_tokens_loss: bool = typer.Option(
+        False, "--all-tokens-loss", help="speculators without masks: loss on every token"
+    ),
+    shard_records: int = typer.Option(256, "--shard-records"),
+    verify: bool = typer.Option(False, "--verify", help="load the target and check the stated ids by values"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="dtype for --verify"),
+) -> None:
+    """Convert another engine's offline hidden states into eaglewire shards with our manifest."""
+    from eaglewire.data.importers import import_hidden_states
+    from eaglewire.target.loading import load_target
+
+    stats = import_hidden_states(
+        engine,
+        source,
+        out,
+        target_dir=target,
+        layer_ids=parse_int_list(layer_ids, what="--layer-ids"),
+        masks=masks,
+        all_tokens_loss=all_tokens_loss,
+        shard_records=shard_records,
+        verify_target=load_target(target, dtype=dtype) if verify else None,
+    )
+    print_table(
+        f"imported into {out}",
+        ["field", "value"],
+        [["records", stats.records], ["tokens", stats.tokens], ["shards", stats.shards]],
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

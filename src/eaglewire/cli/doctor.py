@@ -1,0 +1,94 @@
+"""`eaglewire doctor`: will the draft see, when served, the hidden states it was trained on?
+
+Exit 0 when everything matches, 1 when there is a finding (each printed with its fix), 2 when
+the input itself is invalid.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from eaglewire.cli.common import console, print_json, print_table
+from eaglewire.contract.numbering import SGLANG_GENERATION_HELP
+from eaglewire.doctor.run import DoctorOptions, run_doctor
+from eaglewire.doctor.trace import trace_text
+
+STATUS_STYLE = {"ok": "[green]ok[/green]", "finding": "[red]FINDING[/red]", "skipped": "[dim]skipped[/dim]"}
+
+
+def doctor(
+    draft: Path = typer.Option(
+        None, "--draft", help="draft directory: eaglewire, SGLang export or vLLM/speculators export"
+    ),
+    target: str = typer.Option(None, "--target", help="target model directory, .gguf file, or 'smollm2'"),
+    data: Path = typer.Option(None, "--data", help="hidden-state shard directory (eaglewire data capture)"),
+    sglang_args: str = typer.Option(
+        None, "--sglang-args", help='SGLang server arguments, e.g. "--speculative-algorithm EAGLE3 ..."'
+    ),
+    sglang_generation: str = typer.Option(
+        None, "--sglang-generation", help=f"legacy | pr25454. {SGLANG_GENERATION_HELP}"
+    ),
+    vllm_config: Path = typer.Option(
+        None, "--vllm-config", help='JSON: {"speculative_config": {...}, "temperature": T}'
+    ),
+    trace: bool = typer.Option(
+        False, "--trace", help="run one prompt and print every tensor crossing target -> draft"
+    ),
+    prompt: str = typer.Option(None, "--prompt", help="the prompt for --trace"),
+    target_dtype: str = typer.Option(
+        None, "--target-dtype", help="dtype to run the target in (default: the contract's)"
+    ),
+    max_records: int = typer.Option(4, "--max-records", help="records sampled from --data"),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="tokens per record compared"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
+) -> None:
+    """Check data vs target, draft vs target, draft vs data and serving settings; print a verdict.
+
+    Example: eaglewire doctor --draft out/draft --target smollm2 --data out/shards
+    --sglang-args "--speculative-algorithm EAGLE3 --speculative-num-steps 1 --speculative-num-draft-tokens 16"
+    """
+    opts = DoctorOptions(
+        draft=draft,
+        target=target,
+        data=data,
+        sglang_args=sglang_args,
+        sglang_generation=sglang_generation,
+        vllm_config=vllm_config,
+        trace=trace,
+        prompt=prompt,
+        target_dtype=target_dtype,
+        max_records=max_records,
+        max_tokens=max_tokens,
+    )
+    report = run_doctor(opts)
+    if as_json:
+        print_json(report.to_json())
+        raise typer.Exit(report.exit_code)
+    if report.trace:
+        typer.echo("trace (target -> draft):")
+        for line in trace_text(report.trace):
+            typer.echo("  " + line)
+        typer.echo("trace as JSON lines:")
+        for stage in report.trace:
+            typer.echo(json.dumps(stage))
+    for line in report.detail_lines():
+        typer.echo(line)
+    print_table(
+        "doctor verdict",
+        ["check", "status", "summary"],
+        [(c, STATUS_STYLE[s], m) for c, s, m in report.verdict_rows()],
+    )
+    n = len(report.findings)
+    console.print(
+        "[green]everything matches[/green]"
+        if n == 0
+        else f"[red]{n} finding(s)[/red]: each one's fix is above"
+    )
+    raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

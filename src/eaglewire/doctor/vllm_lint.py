@@ -1,0 +1,166 @@
+"""Lint a vLLM speculative config and the draft config the way vLLM reads them.
+
+vLLM (`gpu_model_runner._get_eagle3_aux_layers_from_config`, vllm-project/vllm; re-check on a
+version change) reads the draft's top-level `eagle_aux_hidden_state_layer_ids` as boundaries
+(the residual stream entering layer i). Newer releases fall back to
+`eagle_config.eagle_aux_hidden_state_layer_ids` and read those as boundaries too (SGLang writes
+that key in *its* numbering, so an SGLang export served by vLLM is one boundary off); older
+releases ignore it and use the target's default [2, L//2, L-3]. vLLM's EAGLE proposer drafts
+greedily (argmax) whatever the request temperature, so at temperature > 0 acceptance falls below
+what the draft's accuracy predicts (still lossless: verification samples properly).
+
+Input file: JSON, either `{"speculative_config": {...}, "temperature": 0.7}` or the speculative
+config itself (`{"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eaglewire.contract.numbering import Numbering, default_boundaries, to_boundaries
+from eaglewire.doctor.draft_source import DraftSource
+from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
+from eaglewire.doctor.serving_common import (
+    ServedReading,
+    ServingLint,
+    compare_reading,
+    reading_row,
+    served_draft_source,
+)
+from eaglewire.errors import BoundaryError, ConfigError
+from eaglewire.typed_config import read_json_file
+
+CHECK = "serving: vllm"
+
+
+def load_vllm_config(path: Path) -> dict[str, Any]:
+    data = read_json_file(path)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a JSON object with speculative_config (or the speculative config itself)"
+        )
+    spec = data.get("speculative_config", data)
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: speculative_config: expected an object, got {type(spec).__name__}")
+    if "method" not in spec and "model" not in spec and "num_speculative_tokens" not in spec:
+        raise ConfigError(
+            f"{path}: no speculative config keys (method, model, num_speculative_tokens) found",
+            fix='write {"speculative_config": {"method": "eagle3", "model": "<draft dir>", "num_speculative_tokens": 3}}',
+        )
+    return data
+
+
+def _temperature(data: dict[str, Any]) -> float | None:
+    for holder in (data, data.get("sampling_params"), data.get("sampling")):
+        if isinstance(holder, dict) and isinstance(holder.get("temperature"), int | float):
+            return float(holder["temperature"])
+    return None
+
+
+def vllm_readings(source: DraftSource, num_layers: int, trained: Sequence[int] | None) -> list[ServedReading]:
+    fix = (
+        f'set "eagle_aux_hidden_state_layer_ids": {fmt_list(trained)} at the top level of the draft\'s config.json'
+        if trained is not None
+        else "set the top-level eagle_aux_hidden_state_layer_ids to the boundaries the draft was trained on"
+    )
+
+    def reading(label: str, ids: tuple[int, ...] | None) -> ServedReading:
+        if ids is None:
+            return ServedReading("vllm", label, None, default_boundaries(num_layers), fix=fix)
+        try:
+            return ServedReading("vllm", label, ids, to_boundaries(ids, Numbering.VLLM, num_layers), fix=fix)
+        except BoundaryError as e:
+            return ServedReading("vllm", label, ids, None, problem=str(e).splitlines()[0], fix=fix)
+
+    if source.top_ids is not None:
+        return [reading("vLLM", source.top_ids)]
+    if source.nested_ids is not None:
+        return [
+            reading("vLLM (reads eagle_config ids as boundaries)", source.nested_ids),
+            reading("vLLM releases that ignore eagle_config (target defaults)", None),
+        ]
+    return [reading("vLLM (no ids: target defaults)", None)]
+
+
+def lint_vllm(
+    data: dict[str, Any],
+    *,
+    draft: DraftSource | None,
+    num_layers: int | None,
+    trained: Sequence[int] | None,
+    trained_from: str = "the draft's contract",
+) -> ServingLint:
+    """Lint a vLLM config dict (see module docstring) against the boundaries the draft was trained on."""
+    result = CheckResult(name=CHECK)
+    spec = data.get("speculative_config", data)
+    method = spec.get("method")
+    result.rows.append(Row(item="method", declared=str(method), actual=str(method), ok=method == "eagle3"))
+    if method != "eagle3":
+        result.findings.append(
+            Finding(
+                check="serving.vllm.method",
+                severity="error",
+                what="vLLM will not run the draft as EAGLE-3" if method else "no speculative method set",
+                declared=f"method={method!r}",
+                actual="EAGLE-3 aux states are not captured" if method else "no speculation",
+                fix='"method": "eagle3" in speculative_config',
+            )
+        )
+    n = spec.get("num_speculative_tokens")
+    result.rows.append(
+        Row(
+            item="num_speculative_tokens",
+            declared=str(n),
+            actual=f"chain of {n}" if n else "missing",
+            ok=isinstance(n, int) and n >= 1,
+        )
+    )
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        result.findings.append(
+            Finding(
+                check="serving.vllm.num_speculative_tokens",
+                severity="error",
+                what="num_speculative_tokens missing or not a positive integer",
+                declared=repr(n),
+                actual="vLLM refuses the config",
+                fix='"num_speculative_tokens": 3 (the chain length; measure with eaglewire bench)',
+            )
+        )
+    temp = _temperature(data)
+    if temp is not None and temp > 0:
+        result.findings.append(
+            Finding(
+                check="serving.vllm.temperature",
+                severity="warning",
+                what="vLLM drafts greedily: at temperature > 0 acceptance is lower than the draft's accuracy predicts",
+                declared=f"temperature={temp}",
+                actual="draft tokens are argmax of the draft, verified against sampled target tokens",
+                fix="expect lower acceptance at this temperature (benchmark it), or serve at temperature 0",
+            )
+        )
+    source, note = served_draft_source(spec.get("model"), draft)
+    if note:
+        result.notes.append(note)
+    if source is None or num_layers is None:
+        if num_layers is None:
+            result.notes.append("target layer count unknown (no --target, no contract): layer ids unchecked")
+        return ServingLint(result=result, readings=[])
+    if source.kind == "eaglewire":
+        result.findings.append(
+            Finding(
+                check="serving.vllm.draft_format",
+                severity="error",
+                what="vLLM is pointed at an eaglewire draft directory, which it cannot load",
+                declared=f"model={source.path}",
+                actual="format eaglewire-eagle3 (not the speculators format)",
+                fix=f"eaglewire export --draft {source.path} --format vllm --out <dir>, and serve <dir>",
+            )
+        )
+        return ServingLint(result=result, readings=[])
+    readings = vllm_readings(source, num_layers, trained)
+    for r in readings:
+        result.rows.append(reading_row(r, num_layers))
+        compare_reading(r, trained, num_layers, result, trained_from=trained_from)
+    return ServingLint(result=result, readings=readings)

@@ -1,0 +1,229 @@
+"""Python API: `SpeculativeDecoder(...).generate(prompt)` and `generate(target, draft, prompt)`.
+
+Speculative decoding here is batch 1 (one sequence at a time); batched generation is plain
+decoding's job. Greedy speculative output equals plain greedy output token for token; sampled
+output follows the target's processed (temperature, top-p) distribution exactly.
+
+    decoder = SpeculativeDecoder.load("smollm2", "runs/draft", spec=SpecArgs(5, 4, 8))
+    result = decoder.generate("Write a haiku about rain.", max_new_tokens=64)
+    result.text, result.tau, result.per_position_acceptance
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from eaglewire.contract.contract import Contract
+from eaglewire.draft.io import load_draft
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.hf_runner import HFTargetRunner
+from eaglewire.engine.interfaces import TargetRunner
+from eaglewire.engine.sampling import SamplingParams, make_generator
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.verify import StopRule
+from eaglewire.errors import ConfigError, ContractMismatchError
+from eaglewire.target.identity import target_identity
+from eaglewire.target.loading import LoadedTarget, load_target
+
+log = logging.getLogger(__name__)
+
+RunnerKind = Literal["auto", "fast", "hf"]
+DEFAULT_SPEC = SpecArgs(num_steps=5, topk=4, num_draft_tokens=8)  # SGLang's auto choice for Llama targets
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens only
+    finish_reason: str  # "eos" | "stop_string" | "max_new_tokens"
+    tau: float  # tokens per target verification forward, bonus included (1.0 without a draft)
+    per_position_acceptance: list[float]  # [k] fraction of verifications that accepted >= k+1 drafts
+    tokens_per_s: float  # generated tokens / decode seconds (prefill excluded)
+    phase_times: dict[str, float]  # seconds per phase: prefill, draft, verify, accept
+    num_verifications: int
+    prompt_tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_runner(target: LoadedTarget, aux_boundaries: Sequence[int], kind: RunnerKind = "auto") -> TargetRunner:
+    """The fast runtime when available (kind 'auto' or 'fast'), else the full-recompute HF runner."""
+    if kind in ("auto", "fast"):
+        try:
+            from eaglewire.target.runtime import make_target_runner  # type: ignore[attr-defined]
+        except ImportError:
+            if kind == "fast":
+                raise ConfigError("runner 'fast': eaglewire.target.runtime is not available") from None
+            log.info("fast target runtime not available; using the full-recompute HF runner")
+        else:
+            runner: TargetRunner = make_target_runner(target, aux_boundaries=list(aux_boundaries))
+            return runner
+    return HFTargetRunner(target.model, aux_boundaries)
+
+
+def check_draft_fits_target(contract: Contract, target: LoadedTarget) -> None:
+    """The draft was trained on this target (identity hashes) with boundaries it has."""
+    live = target_identity(target)
+    theirs = contract.target
+    diffs = [
+        f"target.{k}: draft contract={getattr(theirs, k)} live target={getattr(live, k)}"
+        for k in ("architecture", "num_layers", "hidden_size", "vocab_size", "config_hash", "tokenizer_hash")
+        if getattr(theirs, k) != getattr(live, k)
+    ]
+    if diffs:
+        raise ContractMismatchError(
+            "the draft's contract.json names a different target:\n  " + "\n  ".join(diffs),
+            fix="decode with the target the draft was trained for, or retrain the draft",
+        )
+
+
+def _per_position(trace: DecodeTrace, num_steps: int) -> list[float]:
+    rounds = max(trace.num_verifications, 1)
+    return [sum(a >= k for a in trace.accepted_per_round) / rounds for k in range(1, num_steps + 1)]
+
+
+class SpeculativeDecoder:
+    """Batch-1 speculative decoder over a TargetRunner; `draft=None` decodes plainly on the same runner."""
+
+    def __init__(
+        self,
+        runner: TargetRunner,
+        draft: Eagle3Draft | None,
+        spec: SpecArgs = DEFAULT_SPEC,
+        *,
+        tokenizer: Any = None,
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
+        if draft is not None and draft.config.vocab_size != runner.vocab_size:
+            raise ContractMismatchError(
+                f"draft vocab_size={draft.config.vocab_size} but the target's is {runner.vocab_size}"
+            )
+        self.runner = runner
+        self.draft = draft
+        self.spec = spec
+        self.drafter = None if draft is None else Drafter(draft, spec)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+
+    @classmethod
+    def load(
+        cls,
+        target: str | Path | LoadedTarget,
+        draft: str | Path | None,
+        *,
+        spec: SpecArgs = DEFAULT_SPEC,
+        dtype: str = "float32",
+        device: str = "cpu",
+        runner: RunnerKind = "auto",
+    ) -> SpeculativeDecoder:
+        """Load a target and (optionally) a draft directory; check the draft's contract names this target."""
+        loaded = target if isinstance(target, LoadedTarget) else load_target(target, dtype=dtype, device=device)
+        draft_model = None
+        if draft is not None:
+            draft_model, contract = load_draft(Path(draft), device=loaded.device, dtype=loaded.dtype)
+            check_draft_fits_target(contract, loaded)
+            boundaries: Sequence[int] = contract.aux_boundaries
+        else:
+            from eaglewire.contract.numbering import default_boundaries
+
+            boundaries = default_boundaries(loaded.num_layers)
+        return cls(
+            make_runner(loaded, boundaries, runner),
+            draft_model,
+            spec,
+            tokenizer=loaded.tokenizer,
+            eos_token_ids=eos_ids(loaded),
+        )
+
+    def encode(self, prompt: str, *, chat: bool = True) -> list[int]:
+        """Prompt text -> token ids, with the chat template (a user turn + generation prompt) by default."""
+        if self.tokenizer is None:
+            raise ConfigError("the target has no tokenizer: pass token ids instead of text")
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        stop: Sequence[str] = (),
+        chat: bool = True,
+        use_draft: bool = True,
+    ) -> GenerationResult:
+        """Generate after `prompt` (text, chat-templated unless chat=False; or token ids as given)."""
+        prompt_ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        decode = None if self.tokenizer is None else self._decode
+        rule = StopRule(max_new_tokens, self.eos_token_ids, tuple(stop), decode)
+        drafter = self.drafter if use_draft else None
+        draft_device = self.drafter.device if self.drafter is not None else torch.device("cpu")
+        trace = speculative_generate(
+            self.runner,
+            drafter,
+            prompt_ids,
+            sampling=sampling,
+            stop=rule,
+            verify_generator=make_generator(sampling, "cpu"),
+            draft_generator=make_generator(SamplingParams(seed=sampling.seed + 1), draft_device),
+        )
+        decode_seconds = sum(v for k, v in trace.phase_seconds.items() if k != "prefill")
+        text = rule.final_text(self._decode(trace.token_ids), trace.finish_reason) if decode else ""
+        return GenerationResult(
+            text=text,
+            token_ids=list(trace.token_ids),
+            finish_reason=trace.finish_reason,
+            tau=sum(trace.emitted_per_round) / max(trace.num_verifications, 1),
+            per_position_acceptance=_per_position(trace, self.spec.num_steps) if drafter else [],
+            tokens_per_s=len(trace.token_ids) / decode_seconds if decode_seconds > 0 else float("inf"),
+            phase_times=trace.phase_seconds,
+            num_verifications=trace.num_verifications,
+            prompt_tokens=len(prompt_ids),
+        )
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def eos_ids(target: LoadedTarget) -> list[int]:
+    """The target's end-of-generation ids: generation_config / config eos, plus the tokenizer's."""
+    ids: set[int] = set()
+    for source in (getattr(target.model, "generation_config", None), target.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    tok_eos = getattr(target.tokenizer, "eos_token_id", None) if target.tokenizer is not None else None
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return sorted(ids)
+
+
+def generate(
+    target: str | Path | LoadedTarget,
+    draft: str | Path | None,
+    prompt: str | Sequence[int],
+    *,
+    spec: SpecArgs = DEFAULT_SPEC,
+    max_new_tokens: int = 128,
+    sampling: SamplingParams = SamplingParams(),
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> GenerationResult:
+    """One-shot convenience: load, then `SpeculativeDecoder.generate`."""
+    decoder = SpeculativeDecoder.load(target, draft, spec=spec, dtype=dtype, device=device)
+    return decoder.generate(prompt, max_new_tokens=max_new_tokens, sampling=sampling)

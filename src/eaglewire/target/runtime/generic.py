@@ -1,0 +1,161 @@
+"""GenericTargetRunner: any supported Hugging Face causal LM through transformers, no KV cache.
+
+Every forward recomputes each row's committed tokens plus its new ones with a 4D additive mask
+(committed: causal; new token i: the committed prefix plus new tokens j where tree_mask[i, j])
+and explicit position ids. Slow (quadratic in the sequence length) but correct for any
+architecture transformers runs, e.g. DeepSeek-V3; the aux states come from capture's hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from eaglewire.contract.fingerprint import StateKey
+from eaglewire.engine.interfaces import TargetForward
+from eaglewire.errors import ConfigError, expected_actual
+from eaglewire.target.capture import hooked_states
+from eaglewire.target.loading import LoadedTarget
+from eaglewire.target.runtime.runner import check_boundaries, eos_ids_of
+
+
+@contextmanager
+def _mla_heads_fixed(modules: list[nn.Module]) -> Iterator[None]:
+    """transformers' multi-head latent attention (DeepSeek-V3) expands K/V to all query heads
+    itself, yet its mask path repeats them again by `num_key_value_groups` when a config has
+    num_key_value_heads < num_attention_heads (a shape error). Groups are 1 for such modules."""
+    saved = [(m, m.num_key_value_groups) for m in modules]
+    for m, _ in saved:
+        m.num_key_value_groups = 1
+    try:
+        yield
+    finally:
+        for m, groups in saved:
+            m.num_key_value_groups = groups
+
+
+class GenericTargetRunner:
+    def __init__(
+        self,
+        target: LoadedTarget,
+        aux_boundaries: Sequence[int],
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self.model = target.model
+        if dtype is not None and dtype != target.dtype:
+            raise ConfigError(
+                expected_actual("GenericTargetRunner dtype", f"the target's own {target.dtype}", dtype),
+                fix="load the target in the dtype you want (load_target(..., dtype=...))",
+            )
+        self.num_layers = target.num_layers
+        self.vocab_size = target.vocab_size
+        self.hidden_size = target.hidden_size
+        self.device = target.device
+        self.dtype = target.dtype
+        self.aux_boundaries = check_boundaries(aux_boundaries, self.num_layers)
+        self.eos_token_ids = eos_ids_of(self.model.config)
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self._mla = [
+            m for m in self.model.modules() if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
+        ]
+        self._ids: list[torch.Tensor] = []
+        self._pos: list[torch.Tensor] = []
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.reset(1)
+
+    def reset(self, batch_size: int) -> None:
+        if not 1 <= batch_size <= self.max_batch_size:
+            raise ConfigError(expected_actual("reset(batch_size)", f"1..{self.max_batch_size}", batch_size))
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._ids = [empty] * batch_size
+        self._pos = [empty] * batch_size
+        self._last = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._ids)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return torch.tensor([len(r) for r in self._ids], dtype=torch.long, device=self.device)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+        *,
+        logits_at: torch.Tensor | None = None,
+    ) -> TargetForward:
+        """Same contract as FastTargetRunner.forward (logits_at [B] included)."""
+        B, N = input_ids.shape
+        if B != self.batch_size or positions.shape != (B, N):
+            raise ConfigError(
+                expected_actual("forward input_ids/positions", f"[B={self.batch_size}, N]", tuple(input_ids.shape))
+            )
+        dev = self.device
+        input_ids, positions = input_ids.to(dev), positions.to(dev)
+        lens = [len(r) for r in self._ids]
+        if max(lens) + N > self.max_seq_len:
+            raise ConfigError(f"sequence full: {max(lens)} + {N} tokens exceed max_seq_len={self.max_seq_len}")
+        T = max(lens) + N
+        full_ids = torch.zeros(B, T, dtype=torch.long, device=dev)
+        full_pos = torch.zeros(B, T, dtype=torch.long, device=dev)
+        allowed = torch.eye(T, dtype=torch.bool, device=dev).repeat(B, 1, 1)  # [B, T, T]
+        tree = (
+            torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)
+            if tree_mask is None
+            else tree_mask.to(dev, torch.bool)
+        )
+        for b, n0 in enumerate(lens):
+            full_ids[b, :n0], full_ids[b, n0 : n0 + N] = self._ids[b], input_ids[b]
+            full_pos[b, :n0], full_pos[b, n0 : n0 + N] = self._pos[b], positions[b]
+            full_pos[b, n0 + N :] = positions[b, -1]
+            allowed[b, :n0, :n0] = torch.ones(n0, n0, dtype=torch.bool, device=dev).tril()
+            allowed[b, n0 : n0 + N, :n0] = True
+            allowed[b, n0 : n0 + N, n0 : n0 + N] = tree[b] | torch.eye(N, dtype=torch.bool, device=dev)
+        neg = torch.finfo(self.dtype).min
+        mask = torch.zeros(B, 1, T, T, dtype=self.dtype, device=dev).masked_fill(~allowed[:, None], neg)
+        aux_keys = [StateKey(b, "pre") for b in self.aux_boundaries]
+        with _mla_heads_fixed(self._mla), hooked_states(self.model, list(dict.fromkeys(aux_keys))) as store:
+            out = self.model(input_ids=full_ids, position_ids=full_pos, attention_mask=mask, use_cache=False)
+        gather = torch.tensor(lens, device=dev)[:, None] + torch.arange(N, device=dev)  # [B, N]
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return torch.gather(t, 1, gather[:, :, None].expand(B, N, t.shape[-1]))
+
+        logits = take(out.logits).float()  # [B, N, V]
+        if logits_at is not None:
+            logits = torch.gather(logits, 1, logits_at.to(dev).view(B, 1, 1).expand(B, 1, logits.shape[-1]))
+        parts = [take(store[k]) for k in aux_keys]
+        aux = torch.cat(parts, dim=-1) if parts else logits.new_zeros(B, N, 0).to(self.dtype)
+        self._last = (input_ids, positions)
+        return TargetForward(logits=logits, aux=aux)
+
+    def commit(self, accepted: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        if self._last is None:
+            raise ConfigError("commit() before forward()")
+        ids, pos = self._last
+        accepted, num = accepted.to("cpu"), num_accepted.to("cpu")
+        for b in range(self.batch_size):
+            idx = accepted[b, : int(num[b])].to(self.device)
+            self._ids[b] = torch.cat([self._ids[b], ids[b, idx]])
+            self._pos[b] = torch.cat([self._pos[b], pos[b, idx]])
+
+    def commit_prefix(self, num_accepted: torch.Tensor) -> None:
+        if self._last is None:
+            raise ConfigError("commit_prefix() before forward()")
+        N = self._last[0].shape[1]
+        B = self.batch_size
+        self.commit(torch.arange(N).expand(B, N), num_accepted)
+
+    def sync_lengths(self) -> torch.Tensor:
+        return self.lengths.to("cpu")

@@ -1,0 +1,280 @@
+"""FastTargetRunner: the compact Llama-family target with a static KV cache (a `TargetRunner`).
+
+On CUDA every forward that extends a non-empty cache (decode, verification) replays a CUDA graph
+captured for its (batch, new tokens, attended slots) bucket, around functions compiled by
+torch.compile; a prefill of empty rows runs eagerly (compiled where enabled), attending among
+its own tokens only. On CPU everything runs eagerly: that is the path the parity tests pin.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from eaglewire.engine.interfaces import TargetForward
+from eaglewire.errors import BoundaryError, ConfigError, expected_actual
+from eaglewire.target.loading import LoadedTarget
+from eaglewire.target.runtime.graphs import GraphCache
+from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket
+from eaglewire.target.runtime.model import make_head_fn, make_layer_fn, prepare
+from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
+
+log = logging.getLogger(__name__)
+
+
+def eos_ids_of(config: Any) -> tuple[int, ...]:
+    """The target config's eos id(s) as a tuple (empty when it has none)."""
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in eos) if isinstance(eos, list | tuple) else (int(eos),)
+
+
+def check_boundaries(aux_boundaries: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    bounds = tuple(int(b) for b in aux_boundaries)
+    bad = [b for b in bounds if not 0 <= b <= num_layers]
+    if bad:
+        raise BoundaryError(expected_actual("aux_boundaries", f"each in 0..L={num_layers}", list(bounds)))
+    return bounds
+
+
+class FastTargetRunner:
+    """A `TargetRunner` for Llama/Mistral/Qwen2/Qwen3 targets.
+
+    `forward` returns logits [B, N, V] float32 (or [B, 1, V] at `logits_at`) and aux [B, N, A*Ht];
+    with `copy_outputs=False` on CUDA those are the graph's static buffers, overwritten by the
+    next forward of the same bucket."""
+
+    def __init__(
+        self,
+        target: LoadedTarget,
+        aux_boundaries: Sequence[int],
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        dtype: torch.dtype | None = None,
+        compile: bool | None = None,
+        cuda_graphs: bool | None = None,
+        copy_outputs: bool = True,
+    ) -> None:
+        model = target.model
+        check_fast_supported(model.config, max_seq_len)
+        self.weights = extract_weights(model, dtype)
+        spec = self.weights.spec
+        self.spec = spec
+        self.num_layers = spec.num_layers
+        self.vocab_size = spec.vocab_size
+        self.hidden_size = spec.hidden_size
+        self.device = self.weights.embed.device
+        self.dtype = self.weights.embed.dtype
+        self.aux_boundaries = check_boundaries(aux_boundaries, spec.num_layers)
+        self.eos_token_ids = eos_ids_of(model.config)
+        self.copy_outputs = copy_outputs
+        self.cache = StaticKVCache(
+            num_layers=spec.num_layers,
+            max_batch_size=max_batch_size,
+            num_kv_heads=spec.num_kv_heads,
+            max_seq_len=max_seq_len,
+            head_dim=spec.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self._k_layers = list(self.cache.keys.unbind(0))
+        self._v_layers = list(self.cache.values.unbind(0))
+        on_cuda = self.device.type == "cuda"
+        self.compiled = on_cuda if compile is None else compile
+        self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        if self.use_graphs and not on_cuda:
+            raise ConfigError("FastTargetRunner: cuda_graphs=True needs a CUDA target", fix="cuda_graphs=None")
+        layer_fn, head_fn = make_layer_fn(spec), make_head_fn(spec)
+        prepare_fn: Callable[..., Any] = prepare
+        if self.compiled:
+            layer_fn = torch.compile(layer_fn, fullgraph=True)
+            head_fn = torch.compile(head_fn, fullgraph=True)
+            prepare_fn = torch.compile(prepare, fullgraph=True)
+        self._layer, self._head, self._prepare = layer_fn, head_fn, prepare_fn
+        self._kv_positions = torch.arange(self.cache.capacity, device=self.device)
+        self._rows = torch.arange(max_batch_size, device=self.device)[:, None]
+        self._graphs = GraphCache(self.device) if self.use_graphs else None
+        self._last_num_new = 0
+        self._last_window = 0
+        self.reset(1)
+
+    # -- TargetRunner ------------------------------------------------------------------------------
+    def reset(self, batch_size: int) -> None:
+        self.cache.reset(batch_size)
+        self._last_num_new = 0
+        self._last_window = 0
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.cache.lengths
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cache.max_seq_len
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.cache.max_batch_size
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+        *,
+        logits_at: torch.Tensor | None = None,
+    ) -> TargetForward:
+        """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal); logits_at [B]
+        (optional, additive to the protocol): logits only at that new-token index of each row,
+        shape [B, 1, V]. Never reads the device from the host."""
+        B, N = self._check_inputs(input_ids, positions, tree_mask, logits_at)
+        need = self.cache.check_room(N)
+        self.cache.note_forward(N)
+        self._last_num_new = N
+        if tree_mask is None and self.cache.lengths_exact_zero():
+            logits, aux = self._run(input_ids, positions, None, self.cache.lengths, None, logits_at)
+            return TargetForward(logits=logits, aux=aux)
+        window = kv_bucket(need, self.cache.capacity)
+        if window > self._last_window and self.use_graphs:
+            # a new bucket: tighten the host's bound once (one sync) so buckets stay small
+            window = kv_bucket(self.cache.sync_lengths() + N, self.cache.capacity)
+        self._last_window = window
+        if self._graphs is None:
+            logits, aux = self._run(
+                input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
+            )
+            return TargetForward(logits=logits, aux=aux)
+        return self._replay(input_ids, positions, tree_mask, logits_at, window)
+
+    @torch.no_grad()
+    def commit(self, accepted: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        self.cache.commit(accepted, num_accepted, self._last_num_new)
+
+    @torch.no_grad()
+    def commit_prefix(self, num_accepted: torch.Tensor) -> None:
+        """Keep the first num_accepted[b] tokens of the last forward (plain decoding, prefill): no
+        copy. CPU counts keep the host's length bound exact."""
+        self.cache.commit_prefix(num_accepted)
+
+    def sync_lengths(self) -> torch.Tensor:
+        """Read lengths to the host (one sync) and tighten the attended window; returns [B] (CPU)."""
+        self.cache.sync_lengths()
+        return self.cache.lengths.to("cpu")
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _check_inputs(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None,
+        logits_at: torch.Tensor | None,
+    ) -> tuple[int, int]:
+        if input_ids.dim() != 2 or input_ids.shape[0] != self.cache.batch_size:
+            raise ConfigError(
+                expected_actual("forward input_ids", f"[B={self.cache.batch_size}, N]", tuple(input_ids.shape)),
+                fix="call reset(batch_size) with the batch size you forward",
+            )
+        B, N = input_ids.shape
+        if positions.shape != (B, N):
+            raise ConfigError(expected_actual("forward positions", f"[{B}, {N}]", tuple(positions.shape)))
+        if tree_mask is not None and tree_mask.shape != (B, N, N):
+            raise ConfigError(expected_actual("forward tree_mask", f"[{B}, {N}, {N}]", tuple(tree_mask.shape)))
+        if logits_at is not None and logits_at.shape != (B,):
+            raise ConfigError(expected_actual("forward logits_at", f"[{B}]", tuple(logits_at.shape)))
+        return B, N
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None,
+        lengths: torch.Tensor,
+        kv_positions: torch.Tensor | None,
+        logits_at: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole forward as device work only (graph-capturable)."""
+        dev = self.device
+        input_ids = input_ids.to(dev, non_blocking=True)
+        positions = positions.to(dev, non_blocking=True)
+        if tree_mask is not None:
+            tree_mask = tree_mask.to(dev, non_blocking=True)
+        if logits_at is not None:
+            logits_at = logits_at.to(dev, torch.long, non_blocking=True)
+        w = self.weights
+        B, N = input_ids.shape
+        h = F.embedding(input_ids, w.embed)  # [B, N, Ht]
+        delta = torch.zeros_like(h)
+        cos, sin, slots, mask = self._prepare(
+            positions, lengths, tree_mask, kv_positions, w.rope_inv_freq, w.rope_scaling, self.spec.group_size, self.dtype
+        )
+        rows = self._rows[:B].expand(B, N)
+        wanted = set(self.aux_boundaries)
+        states: dict[int, torch.Tensor] = {}
+        for i, layer_w in enumerate(w.layers):
+            x, h, delta = self._layer(
+                h, delta, *layer_w, self._k_layers[i], self._v_layers[i], cos, sin, rows, slots, mask
+            )
+            if i in wanted:
+                states[i] = x
+        final, logits = self._head(h, delta, w.final_norm, w.lm_head, logits_at)
+        L = self.num_layers
+        parts = [states[b] if b < L else final for b in self.aux_boundaries]
+        aux = torch.cat(parts, dim=-1) if parts else final.new_zeros(B, N, 0)  # [B, N, A*Ht]
+        return logits, aux
+
+    def _replay(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None,
+        logits_at: torch.Tensor | None,
+        window: int,
+    ) -> TargetForward:
+        assert self._graphs is not None
+        B, N = input_ids.shape
+        dev = self.device
+        has_tree, has_at = tree_mask is not None, logits_at is not None
+        key = (B, N, window, has_tree, has_at)
+
+        def make_inputs() -> dict[str, torch.Tensor]:
+            inputs = {
+                "input_ids": torch.zeros(B, N, dtype=torch.long, device=dev),
+                "positions": torch.zeros(B, N, dtype=torch.long, device=dev),
+            }
+            if has_tree:
+                inputs["tree_mask"] = torch.ones(B, N, N, dtype=torch.bool, device=dev).tril()
+            if has_at:
+                inputs["logits_at"] = torch.zeros(B, dtype=torch.long, device=dev)
+            return inputs
+
+        def fn(inp: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+            return self._run(
+                inp["input_ids"],
+                inp["positions"],
+                inp.get("tree_mask"),
+                self.cache.length_buffer[:B],
+                self._kv_positions[:window],
+                inp.get("logits_at"),
+            )
+
+        graph = self._graphs.get(key, make_inputs, fn)
+        values = {"input_ids": input_ids, "positions": positions}
+        if tree_mask is not None:
+            values["tree_mask"] = tree_mask
+        if logits_at is not None:
+            values["logits_at"] = logits_at
+        logits, aux = graph.run(values)
+        if self.copy_outputs:
+            logits, aux = logits.clone(), aux.clone()
+        return TargetForward(logits=logits, aux=aux)

@@ -1,0 +1,202 @@
+"""Training checkpoints: safetensors + JSON only, each written into a temp dir and renamed into place.
+
+    OUT/checkpoints/step-00000100/
+        config.json, model.safetensors, contract.json   a loadable draft (eaglewire.draft.io.load_draft)
+        optimizer.safetensors + optimizer.json          AdamW state by parameter name, param groups
+        rng.safetensors                                 torch (CPU, CUDA) and numpy generator states
+        trainer_state.json                              step, data position, scheduler, python RNG, config
+    OUT/latest.json                                     {"checkpoint": "checkpoints/step-00000100", ...}
+
+`latest.json` is replaced atomically after the directory is complete, so a crash mid-write leaves
+the previous checkpoint as the latest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglewire.contract.contract import Contract
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.io import WEIGHTS_FILE, check_draft_matches_contract
+from eaglewire.errors import CheckpointError
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.typed_config import read_json_file
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "latest.json"
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_INDEX = "optimizer.json"
+RNG_FILE = "rng.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"
+FORMAT = "eaglewire-train-checkpoint"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+# --- optimizer state <-> safetensors + JSON ---
+def flatten_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A full optimizer state dict keyed by parameter name -> (tensors, JSON index)."""
+    names = sorted(state["state"])
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(names):
+        for key, value in state["state"][name].items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{i}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(i), {})[key] = value
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state["param_groups"]]
+    return tensors, {"format": FORMAT, "params": names, "scalars": scalars, "param_groups": groups}
+
+
+def unflatten_optimizer_state(tensors: dict[str, torch.Tensor], index: dict[str, Any]) -> dict[str, Any]:
+    names = index["params"]
+    state: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for key, value in tensors.items():
+        i, _, field = key.partition(".")
+        state[names[int(i)]][field] = value
+    for i, values in index.get("scalars", {}).items():
+        state[names[int(i)]].update(values)
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in index["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# --- RNG ---
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    py_version, py_state, py_gauss = random.getstate()
+    meta = {
+        "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
+    }
+    return tensors, meta
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    if torch.cuda.is_available():
+        states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+    np_meta = meta["numpy"]
+    keys = tensors["numpy_keys"].numpy().astype(np.uint32)
+    np.random.set_state((np_meta["kind"], keys, np_meta["pos"], np_meta["has_gauss"], np_meta["cached_gaussian"]))
+    py = meta["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+
+
+# --- save / load ---
+@dataclass
+class Checkpoint:
+    path: Path
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+    rng_tensors: dict[str, torch.Tensor]
+
+
+def save_checkpoint(
+    out_dir: Path,
+    *,
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    draft_config: DraftConfig,
+    contract: Contract,
+    optimizer_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint `step` atomically, point latest.json at it, prune to the newest `keep`."""
+    out_dir = Path(out_dir)
+    root = out_dir / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    tmp = root / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        check_draft_matches_contract(draft_config, contract, where=str(final))
+        draft_config.save(tmp)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / WEIGHTS_FILE),
+                  metadata={"format": "pt", "producer": "eaglewire"})
+        contract.save(tmp)
+        opt_tensors, opt_index = flatten_optimizer_state(optimizer_state)
+        save_file(opt_tensors, str(tmp / OPTIMIZER_TENSORS))
+        atomic_write_json(tmp / OPTIMIZER_INDEX, opt_index)
+        rng_tensors, rng_meta = capture_rng()
+        save_file(rng_tensors, str(tmp / RNG_FILE))
+        atomic_write_json(tmp / TRAINER_STATE_FILE, {"format": FORMAT, **trainer_state, "rng": rng_meta})
+        if final.exists():  # a re-run reaching the same step: keep the new one
+            old = root / f".old-{checkpoint_name(step)}-{os.getpid()}"
+            os.replace(final, old)
+            shutil.rmtree(old)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_json(out_dir / LATEST_FILE, {"checkpoint": f"{CHECKPOINTS_DIR}/{final.name}", "optimizer_step": step})
+    prune_checkpoints(out_dir, keep=keep, protect=final)
+    log.info("checkpoint written: %s", final)
+    return final
+
+
+def prune_checkpoints(out_dir: Path, *, keep: int, protect: Path) -> None:
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    done = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for p in done[: max(0, len(done) - keep)]:
+        if p.resolve() != protect.resolve():
+            shutil.rmtree(p)
+
+
+def find_latest(out_dir: Path) -> Path | None:
+    """The checkpoint latest.json points to, or None when the run has none."""
+    pointer = Path(out_dir) / LATEST_FILE
+    if not pointer.exists():
+        return None
+    data = read_json_file(pointer)
+    path = Path(out_dir) / str(data.get("checkpoint", ""))
+    if not (path / TRAINER_STATE_FILE).exists():
+        raise CheckpointError(
+            f"{pointer}: points to {path}, which is not a complete checkpoint (no {TRAINER_STATE_FILE})",
+            fix=f"point {LATEST_FILE} at an existing checkpoints/step-* directory",
+        )
+    return path
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    path = Path(path)
+    for name in (WEIGHTS_FILE, OPTIMIZER_TENSORS, OPTIMIZER_INDEX, RNG_FILE, TRAINER_STATE_FILE):
+        if not (path / name).exists():
+            raise CheckpointError(f"checkpoint {path}: {name} missing")
+    trainer_state = read_json_file(path / TRAINER_STATE_FILE)
+    if trainer_state.get("format") != FORMAT:
+        raise CheckpointError(f"{path / TRAINER_STATE_FILE}: format expected {FORMAT!r}, got {trainer_state.get('format')!r}")
+    return Checkpoint(
+        path=path,
+        model_state=load_file(str(path / WEIGHTS_FILE)),
+        optimizer_state=unflatten_optimizer_state(
+            load_file(str(path / OPTIMIZER_TENSORS)), read_json_file(path / OPTIMIZER_INDEX)
+        ),
+        trainer_state=trainer_state,
+        rng_tensors=load_file(str(path / RNG_FILE)),
+    )

@@ -1,0 +1,135 @@
+"""Multi-process training under `torchrun`: DDP for drafts that fit per GPU, FSDP2 for large ones.
+
+`torchrun --nproc_per_node N ...` sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR; we start
+the process group with NCCL on CUDA and gloo on CPU. Gradients are averaged across processes by
+both wrappers; the loop scales its loss so that N processes compute the same update as one
+process that sees all N micro-batches (see `eaglewire.train.loop`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from eaglewire.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r}: expected an integer (set by torchrun)") from None
+
+
+def init_distributed(device: str | None = None) -> DistContext:
+    """Start the process group when launched by torchrun (WORLD_SIZE > 1); a single-process context otherwise.
+
+    device: 'cpu', 'cuda' or None (= CUDA when available). Each process uses cuda:LOCAL_RANK.
+    """
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local = _env_int("LOCAL_RANK", 0)
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    if use_cuda and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but CUDA is not available", fix="pass --device cpu")
+    dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        dist.init_process_group(backend=backend)
+        log.info("process group: backend=%s rank=%d/%d device=%s", backend, rank, world, dev)
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    return DistContext(rank=rank, world_size=world, local_rank=local, device=dev)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(x: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Sum over processes (in place; returns x). A no-op in a single process."""
+    if ctx.distributed:
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    return x
+
+
+def all_reduce_max(x: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.distributed:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
+def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def wrap_model(module: nn.Module, ctx: DistContext, parallel: str) -> nn.Module:
+    """DDP or FSDP2 (`fully_shard`) around `module` in a multi-process run; `module` itself otherwise."""
+    if not ctx.distributed:
+        return module
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids)
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(module)
+        return module
+    raise ConfigError(f"parallel: expected 'ddp' or 'fsdp', got {parallel!r}")
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (FSDP2 shards in place, so it is its own module)."""
+    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
+
+
+def set_gradient_sync(module: nn.Module, enabled: bool) -> Any:
+    """Context manager skipping the gradient all-reduce for accumulation micro-batches."""
+    import contextlib
+
+    if hasattr(module, "no_sync") and not enabled:
+        return module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()

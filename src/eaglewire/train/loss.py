@@ -1,0 +1,136 @@
+"""Per-step loss and accuracy of the training-time test, against the target's own distribution.
+
+The label of a row is the target's next-token distribution `target_probs`, restricted to the
+draft vocabulary and renormalised. A row whose target argmax token is *outside* the draft
+vocabulary cannot be drafted at all: it is masked out of the loss and counted (`oov_masked`),
+and it counts as wrong in every accuracy (the engine could never accept a token there).
+
+Accuracy compares the draft's argmax with the target's argmax (greedy acceptance):
+`acc[s]` over all valid rows of step s; `cond_acc[s]` over the valid rows whose steps 0..s-1 were
+all right (the chance that draft token s+1 is accepted given the chain got that far).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from eaglewire.train.ttt import shift_left
+
+# Columns of the per-step count table (all sums over rows; float64 so they all-reduce exactly).
+COUNT_FIELDS = ("valid", "counted", "oov_masked", "correct", "chain_prev", "chain_correct", "loss_sum")
+NUM_COUNTS = len(COUNT_FIELDS)
+_COL = {name: i for i, name in enumerate(COUNT_FIELDS)}
+
+
+def target_to_draft(draft_to_target: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[Vd] absolute target ids -> [V] draft id of each target token, -1 where it has none."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_to_target.device)
+    t2d[draft_to_target] = torch.arange(len(draft_to_target), device=draft_to_target.device)
+    return t2d
+
+
+@dataclass
+class TargetDistribution:
+    """The target's next-token distribution at each position, in draft-vocab coordinates."""
+
+    probs: torch.Tensor  # [..., Vd] float32, restricted to the draft vocab and renormalised
+    token: torch.Tensor  # [...] int64 draft id of the target's argmax (0 where it is out of vocab)
+    in_vocab: torch.Tensor  # [...] bool: the target's argmax token is in the draft vocab
+
+    def shifted(self, k: int) -> TargetDistribution:
+        """Along T (dim 1 of [B, T, ...]): row t gets position t+k."""
+        return TargetDistribution(shift_left(self.probs, k), shift_left(self.token, k), shift_left(self.in_vocab, k, False))
+
+
+def restrict_target_logits(target_logits: torch.Tensor, draft_to_target: torch.Tensor, t2d: torch.Tensor) -> TargetDistribution:
+    """target_logits [..., V] -> TargetDistribution [..., Vd]; argmax taken over the full vocab V."""
+    argmax = target_logits.argmax(-1)  # [...]
+    draft_id = t2d[argmax]
+    restricted = target_logits.index_select(-1, draft_to_target).float()  # [..., Vd]
+    return TargetDistribution(
+        probs=torch.softmax(restricted, dim=-1),
+        token=draft_id.clamp_min(0),
+        in_vocab=draft_id >= 0,
+    )
+
+
+@dataclass
+class StepOutcome:
+    loss_sum: torch.Tensor  # scalar with grad: summed per-row loss over the counted rows
+    counts: torch.Tensor  # [NUM_COUNTS] float64, detached (see COUNT_FIELDS)
+    correct: torch.Tensor  # [B, T] bool: draft argmax == target argmax (in vocab), any row
+
+
+def step_outcome(
+    draft_logits: torch.Tensor,
+    target: TargetDistribution,
+    valid: torch.Tensor,
+    chain_ok: torch.Tensor,
+    *,
+    kind: Literal["soft_ce", "kl"] = "soft_ce",
+) -> StepOutcome:
+    """draft_logits [B, T, Vd]; `target` already aligned with the rows (shifted by 1+step);
+    valid [B, T] rows trained at this step; chain_ok [B, T] all earlier steps right."""
+    counted = valid & target.in_vocab
+    logp = torch.log_softmax(draft_logits[counted].float(), dim=-1)  # [N, Vd]
+    probs = target.probs[counted]  # [N, Vd]
+    per_row = -(probs * logp).sum(-1)  # [N]
+    if kind == "kl":
+        per_row = per_row + torch.special.xlogy(probs, probs).sum(-1)
+    loss_sum = per_row.sum()
+    with torch.no_grad():
+        correct = (draft_logits.argmax(-1) == target.token) & target.in_vocab
+        counts = torch.stack(
+            [
+                valid.sum(),
+                counted.sum(),
+                (valid & ~target.in_vocab).sum(),
+                (valid & correct).sum(),
+                (valid & chain_ok).sum(),
+                (valid & chain_ok & correct).sum(),
+            ]
+        ).to(torch.float64)
+        counts = torch.cat([counts, loss_sum.detach().to(torch.float64).reshape(1)])
+    return StepOutcome(loss_sum=loss_sum, counts=counts, correct=correct)
+
+
+def target_rank(draft_logits: torch.Tensor, target: TargetDistribution) -> torch.Tensor:
+    """[B, T] int64: how many draft tokens score strictly higher than the target's argmax token
+    (0 = the draft's top-1 is right); Vd where the target token is out of the draft vocab."""
+    at_target = draft_logits.gather(-1, target.token[..., None])  # [B, T, 1]
+    rank = (draft_logits > at_target).sum(-1)
+    return torch.where(target.in_vocab, rank, torch.full_like(rank, draft_logits.shape[-1]))
+
+
+class StepCounts:
+    """Running [S, NUM_COUNTS] table; sums are exact across micro-batches and processes."""
+
+    def __init__(self, num_steps: int, device: torch.device | str = "cpu") -> None:
+        self.table = torch.zeros(num_steps, NUM_COUNTS, dtype=torch.float64, device=device)
+
+    def add(self, step: int, counts: torch.Tensor) -> None:
+        self.table[step] += counts.to(self.table.device)
+
+    def column(self, name: str) -> list[float]:
+        return [float(v) for v in self.table[:, _COL[name]]]
+
+    def summary(self, step_weights: list[float]) -> dict[str, object]:
+        """Metrics dict: loss (weighted sum of per-step mean losses), per-step lists, OOV count."""
+
+        def ratio(num: str, den: str) -> list[float]:
+            return [float(n / d) if d > 0 else float("nan") for n, d in zip(self.column(num), self.column(den), strict=True)]
+
+        loss_per_step = ratio("loss_sum", "valid")
+        loss = sum(w * v for w, v in zip(step_weights, loss_per_step, strict=True) if v == v)
+        return {
+            "loss": float(loss),
+            "loss_per_step": loss_per_step,
+            "acc": ratio("correct", "valid"),
+            "cond_acc": ratio("chain_correct", "chain_prev"),
+            "valid_rows": [int(v) for v in self.column("valid")],
+            "oov_masked": int(sum(self.column("oov_masked"))),
+        }
+

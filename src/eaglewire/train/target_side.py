@@ -1,0 +1,244 @@
+"""Where the draft's inputs and labels come from: the live target (online) or stored states (offline).
+
+Online: the target runs inside the loop on tokenized records (`TokenizedRecord`), each record
+right-padded in its own row (so the target never attends across packed records), and its aux
+states and logits are placed into the packed rows.
+
+Offline: captured records (`CapturedRecord`) carry aux and final states; the target's logits are
+recomputed from `final` with only the target's final norm (when `final` is pre-norm) and
+lm_head, loaded alone from the target's safetensors.
+
+Both produce `TrainInputs`: the token tensors, aux [B, T, A*Ht] and the target distribution
+restricted to the draft vocabulary [B, T, Vd].
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from eaglewire.contract.contract import Contract, FinalState
+from eaglewire.errors import ConfigError, DataFormatError, TargetFilesError
+from eaglewire.nn.rmsnorm import RMSNorm
+from eaglewire.target.architectures import target_parts
+from eaglewire.target.capture import capture
+from eaglewire.target.identity import check_fingerprint, target_identity
+from eaglewire.target.loading import LoadedTarget, dtype_name, resolve_target_path
+from eaglewire.train.batches import Batch, Row, assemble, scatter_rows
+from eaglewire.train.loss import TargetDistribution, restrict_target_logits, target_to_draft
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainInputs:
+    batch: Batch  # token tensors [B, T], on the device
+    aux: torch.Tensor  # [B, T, A*Ht] float32
+    target: TargetDistribution  # [B, T, Vd]
+
+
+class TargetSide(Protocol):
+    """Turns the records of some rows into TrainInputs."""
+
+    @property
+    def data_contract(self) -> Contract: ...
+
+    def verify(self, draft_contract: Contract) -> None:
+        """Value-level checks beyond the contract comparison (e.g. the fingerprint)."""
+        ...
+
+    def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs: ...
+
+
+def _scatter_dist(rows: Sequence[Row], dists: list[TargetDistribution]) -> TargetDistribution:
+    return TargetDistribution(
+        probs=scatter_rows(rows, [d.probs for d in dists]),
+        token=scatter_rows(rows, [d.token for d in dists]),
+        in_vocab=scatter_rows(rows, [d.in_vocab for d in dists], fill=False),
+    )
+
+
+class OnlineTarget:
+    """Run the live target on each micro-batch (no gradients)."""
+
+    def __init__(self, target: LoadedTarget, contract: Contract, draft_to_target: torch.Tensor) -> None:
+        self.target = target
+        self.aux_boundaries = tuple(contract.aux_boundaries)
+        self.final = contract.final
+        self._data_contract = Contract(
+            target=target_identity(target),
+            aux_boundaries=self.aux_boundaries,
+            final=contract.final,
+            dtype=dtype_name(target.dtype),
+        )
+        self.d2t = draft_to_target.to(target.device)
+        self.t2d = target_to_draft(self.d2t, target.vocab_size)
+
+    @property
+    def data_contract(self) -> Contract:
+        return self._data_contract
+
+    def verify(self, draft_contract: Contract) -> None:
+        if draft_contract.fingerprint is not None:
+            check_fingerprint(draft_contract, self.target)
+
+    @torch.no_grad()
+    def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs:
+        batch = assemble(rows, records)
+        lengths = [s.length for row in rows for s in row]
+        n, width = len(lengths), max(lengths)
+        ids = torch.zeros(n, width, dtype=torch.long)
+        attn = torch.zeros(n, width, dtype=torch.long)
+        for i, (rec, length) in enumerate(zip(records, lengths, strict=True)):
+            ids[i, :length] = rec.input_ids[:length]
+            attn[i, :length] = 1
+        dev = self.target.device
+        states = capture(
+            self.target.model,
+            ids.to(dev),
+            aux_boundaries=self.aux_boundaries,
+            final=self.final,
+            attention_mask=attn.to(dev),
+            return_logits=True,
+        )
+        assert states.logits is not None
+        dist = restrict_target_logits(states.logits, self.d2t, self.t2d)  # [n, width, Vd]
+        per_record = [
+            TargetDistribution(dist.probs[i, :k], dist.token[i, :k], dist.in_vocab[i, :k]) for i, k in enumerate(lengths)
+        ]
+        aux = scatter_rows(rows, [states.aux[i, :k].float() for i, k in enumerate(lengths)])
+        return TrainInputs(batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, per_record), device))
+
+
+def _to(d: TargetDistribution, device: torch.device) -> TargetDistribution:
+    return TargetDistribution(d.probs.to(device), d.token.to(device), d.in_vocab.to(device))
+
+
+class TargetHead(nn.Module):
+    """final state [..., Ht] -> target logits [..., V] (float32): final norm (pre-norm data) + lm_head."""
+
+    def __init__(self, lm_head_weight: torch.Tensor, norm: nn.Module | None) -> None:
+        super().__init__()
+        self.lm_head_weight = nn.Parameter(lm_head_weight.detach().float(), requires_grad=False)
+        self.norm = norm.float().requires_grad_(False) if norm is not None else None
+
+    @torch.no_grad()
+    def forward(self, final: torch.Tensor) -> torch.Tensor:
+        x = final.to(self.lm_head_weight.device).float()
+        if self.norm is not None:
+            x = self.norm(x)
+        return x @ self.lm_head_weight.T
+
+    @classmethod
+    def from_target(cls, target: LoadedTarget, final: FinalState) -> TargetHead:
+        parts = target_parts(target.model)
+        norm = copy.deepcopy(parts.final_norm) if final.norm == "pre" else None
+        weight = parts.lm_head.weight
+        return cls(weight, norm)
+
+    @classmethod
+    def from_pretrained(cls, target: str | Path, final: FinalState) -> TargetHead:
+        """Load only the final norm and lm_head (or the tied embedding) from a safetensors directory."""
+        path = resolve_target_path(target)
+        if path.suffix == ".gguf":
+            from eaglewire.target.loading import load_target
+
+            return cls.from_target(load_target(path, dtype="float32", with_tokenizer=False), final)
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            raise TargetFilesError(f"target {path}: config.json missing", fix="point --target at the model directory")
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        tied = bool(cfg.get("tie_word_embeddings", False))
+        names = {"norm": "model.norm.weight", "lm_head": "lm_head.weight", "embed": "model.embed_tokens.weight"}
+        tensors = _load_named(path, [names["norm"], names["lm_head"], names["embed"]])
+        head = tensors.get(names["lm_head"]) if not tied else None
+        if head is None:
+            head = tensors.get(names["embed"])
+        if head is None or names["norm"] not in tensors:
+            raise TargetFilesError(
+                f"target {path}: could not find {names['norm']} and lm_head.weight/model.embed_tokens.weight "
+                f"(found {sorted(tensors)})"
+            )
+        norm = None
+        if final.norm == "pre":
+            norm = RMSNorm(int(head.shape[1]), float(cfg.get("rms_norm_eps", 1e-6)))
+            with torch.no_grad():
+                norm.weight.copy_(tensors[names["norm"]].float())
+        return cls(head, norm)
+
+
+def _load_named(path: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The tensors among `names` that exist in the directory's safetensors files (only those are read)."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in set(names) & set(f.keys()):
+                out[name] = f.get_tensor(name)
+    return out
+
+
+class OfflineTarget:
+    """Captured records: aux from the record, labels from the target head applied to `final`."""
+
+    def __init__(
+        self,
+        head: TargetHead,
+        data_contract: Contract,
+        draft_to_target: torch.Tensor,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        c = data_contract
+        if c.final.boundary != c.target.num_layers:
+            raise ConfigError(
+                f"data contract final.boundary={c.final.boundary}: offline training recomputes the target's "
+                f"logits from the final state, which must be boundary L={c.target.num_layers}",
+                fix="capture the shards with the final state at boundary L (the default)",
+            )
+        self.head = head.to(device)
+        self._data_contract = c
+        self.d2t = draft_to_target.to(device)
+        self.t2d = target_to_draft(self.d2t, int(head.lm_head_weight.shape[0]))
+
+    @property
+    def data_contract(self) -> Contract:
+        return self._data_contract
+
+    def verify(self, draft_contract: Contract) -> None:
+        return None
+
+    def _check(self, rec: Any) -> None:
+        T = int(rec.input_ids.shape[0])
+        c = self._data_contract
+        if tuple(rec.aux.shape) != (T, c.aux_width):
+            raise DataFormatError(
+                f"record {rec.record_id}: aux is {tuple(rec.aux.shape)}, expected [T, A*Ht] = "
+                f"({T}, {c.num_aux}*{c.target.hidden_size}) per the data contract"
+            )
+        if tuple(rec.final.shape) != (T, c.target.hidden_size):
+            raise DataFormatError(
+                f"record {rec.record_id}: final is {tuple(rec.final.shape)}, expected [T, Ht] = ({T}, {c.target.hidden_size})"
+            )
+
+    @torch.no_grad()
+    def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs:
+        for rec in records:
+            self._check(rec)
+        batch = assemble(rows, records)
+        lengths = [s.length for row in rows for s in row]
+        dists = [
+            restrict_target_logits(self.head(rec.final[:k]), self.d2t, self.t2d)
+            for rec, k in zip(records, lengths, strict=True)
+        ]
+        aux = scatter_rows(rows, [rec.aux[:k].float() for rec, k in zip(records, lengths, strict=True)])
+        return TrainInputs(batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, dists), device))

@@ -51,3 +51,7 @@ class CheckpointError(EaglewireError):
 def expected_actual(what: str, expected: object, actual: object) -> str:
     """Uniform 'X: expected A, got B' phrasing used across the package."""
     return f"{what}: expected {expected}, got {actual}"
+
+
+class TrainingError(EaglewireError):
+    """Training cannot continue: a non-finite loss or gradient (names the step and records), a resume mismatch."""

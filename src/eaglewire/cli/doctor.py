@@ -43,6 +43,11 @@ def doctor(
     ),
     max_records: int = typer.Option(4, "--max-records", help="records sampled from --data"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="tokens per record compared"),
+    accuracy_labels: str = typer.Option(
+        None,
+        "--accuracy-labels",
+        help="standalone accuracy against 'target' argmax (training's metric; default with --target) or data 'tokens'",
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
     """Check data vs target, draft vs target, draft vs data and serving settings; print a verdict.
@@ -62,6 +67,7 @@ def doctor(
         target_dtype=target_dtype,
         max_records=max_records,
         max_tokens=max_tokens,
+        accuracy_labels=accuracy_labels,
     )
     report = run_doctor(opts)
     if as_json:

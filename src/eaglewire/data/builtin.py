@@ -21,6 +21,7 @@ assistant turn is the prompt with the canonical solution, in a Python code block
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -44,7 +45,7 @@ _HUMANEVAL_ID = re.compile(r"^humaneval:HumanEval/(\d+)$")
 def parse_split(text: str) -> Split:
     for split in ("train", "eval", "all"):
         if text == split:
-            return split  # type: ignore[return-value]
+            return split
     raise ConfigError(f"split: expected 'train', 'eval' or 'all', got {text!r}")
 
 
@@ -89,12 +90,17 @@ def _package_file(package: str, *parts: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 
-def load_chitchat(split: Split = "train") -> list[Conversation]:
+@functools.lru_cache(maxsize=1)
+def _chitchat_raw() -> dict[str, Any]:
     path = _package_file("chitchat_dataset", "dataset.json")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return dict(json.loads(path.read_text(encoding="utf-8")))
     except json.JSONDecodeError as e:
         raise DataFormatError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+
+
+def load_chitchat(split: Split = "train") -> list[Conversation]:
+    data = _chitchat_raw()
     out = []
     for uuid, conv in data.items():
         rid = f"chitchat:{uuid}"

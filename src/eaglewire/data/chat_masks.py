@@ -73,6 +73,42 @@ def _trim_trailing_space(text: str, start: int, end: int) -> int:
     return end
 
 
+def _end_of_turn_token(tokenizer: Any, through: str) -> str | None:
+    """The special token a rendering of an assistant turn ends with (`<|im_end|>`, `<|eot_id|>`), if any."""
+    tail = through.rstrip()
+    specials = sorted(getattr(tokenizer, "all_special_tokens", []), key=len, reverse=True)
+    return next((t for t in specials if t and tail.endswith(t)), None)
+
+
+def _fallback_span(
+    tokenizer: Any, full: str, through: str, content: str, prefix: str | None, cursor: int
+) -> tuple[int, int]:
+    """Span of an assistant turn the template renders differently in history than at the end.
+
+    Start: where the generation prompt ends (when the prefix is consistent), else where the
+    content is found. End: the turn's end-of-turn token after the start, else the content's end
+    plus whatever the template writes after the content. (-1, -1) when neither can be found.
+    """
+    key = content.strip()
+    start = len(prefix) if prefix is not None else (full.find(key, cursor) if key else -1)
+    if start < 0:
+        return -1, -1
+    eot = _end_of_turn_token(tokenizer, through)
+    if eot is not None:
+        pos = full.find(eot, start)
+        if pos >= 0:
+            return start, pos + len(eot)
+    pos = full.find(key, start) if key else -1
+    if pos < 0:
+        return -1, -1
+    end = pos + len(key)
+    k = through.rfind(key)
+    suffix = through[k + len(key) :].rstrip() if k >= 0 else ""
+    if suffix and full.startswith(suffix, end):
+        end += len(suffix)
+    return start, end
+
+
 def assistant_spans(
     tokenizer: Any, messages: list[dict[str, str]], template: str, *, where: str = ""
 ) -> tuple[str, list[tuple[int, int]]]:
@@ -98,21 +134,13 @@ def assistant_spans(
             start = len(prefix or "")
             end = _trim_trailing_space(full, start, len(through))
         else:
-            key = msg["content"].strip()
-            search_from = len(prefix) if prefix_ok and prefix is not None else cursor
-            pos = full.find(key, search_from)
-            if not key or pos < 0:
+            start, end = _fallback_span(tokenizer, full, through, msg["content"], prefix if prefix_ok else None, cursor)
+            if start < 0:
                 raise DataFormatError(
-                    f"{where}: assistant message {i} ({key[:40]!r}) is not in the rendered conversation; the "
-                    "template rewrites assistant content, so its loss mask cannot be located",
+                    f"{where}: assistant message {i} ({msg['content'].strip()[:40]!r}) cannot be located in the "
+                    "rendered conversation; the template rewrites it and its turn has no end-of-turn token",
                     fix="pass a --chat-template that renders assistant content verbatim",
                 )
-            start = len(prefix) if prefix_ok and prefix is not None else pos
-            end = pos + len(key)
-            k = through.rfind(key)
-            suffix = through[k + len(key) :].rstrip() if k >= 0 else ""
-            if suffix and full.startswith(suffix, end):
-                end += len(suffix)
         if start < cursor or end <= start:
             raise DataFormatError(
                 f"{where}: assistant message {i} maps to an empty or out-of-order span [{start}, {end})"

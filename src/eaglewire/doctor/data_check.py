@@ -192,10 +192,10 @@ def check_data_against_target(
                 note=f"distance {m.best_distance:.1e}",
             )
         )
-    missing = [n for n in declared_keys if n not in per_col and n != "final"]
-    for n in missing:
+    missing = [name for name in declared_keys if name not in per_col and name != "final"]
+    for name in missing:
         result.rows.append(
-            Row(item=n, declared=key_text(declared_keys[n], L), actual="(no such column)", ok=False)
+            Row(item=name, declared=key_text(declared_keys[name], L), actual="(no such column)", ok=False)
         )
 
     aux_actual = tuple(m.actual(LOOSEST_TOLERANCE) for m in aux_matches)

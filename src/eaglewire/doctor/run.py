@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from eaglewire.contract.contract import Contract
 from eaglewire.contract.numbering import SGLANG_GENERATIONS
@@ -26,7 +26,7 @@ from eaglewire.doctor.findings import DoctorReport, skipped
 from eaglewire.doctor.serving_common import ServedReading
 from eaglewire.doctor.sglang_lint import lint_sglang
 from eaglewire.doctor.standalone import CHECK as STANDALONE_CHECK
-from eaglewire.doctor.standalone import check_standalone
+from eaglewire.doctor.standalone import LabelSource, check_standalone
 from eaglewire.doctor.trace import run_trace
 from eaglewire.doctor.vllm_lint import lint_vllm, load_vllm_config
 from eaglewire.draft.model import Eagle3Draft
@@ -59,6 +59,7 @@ class DoctorOptions:
     target_dtype: str | None = None  # default: the dtype the data/draft contract says the target ran in
     max_records: int = 4
     max_tokens: int = 128
+    accuracy_labels: str | None = None  # "target" (training's metric; default with --target) | "tokens"
 
     def validate(self) -> None:
         if not any((self.draft, self.target, self.data, self.sglang_args, self.vllm_config)):
@@ -76,6 +77,14 @@ class DoctorOptions:
             )
         if self.prompt and not self.trace:
             raise ConfigError("--prompt is only used with --trace", fix="add --trace")
+        if self.accuracy_labels not in (None, "target", "tokens"):
+            raise ConfigError(
+                f"--accuracy-labels: expected 'target' or 'tokens', got {self.accuracy_labels!r}"
+            )
+        if self.accuracy_labels == "target" and not self.target:
+            raise ConfigError(
+                "--accuracy-labels target needs --target", fix="add --target, or use --accuracy-labels tokens"
+            )
         if self.max_records < 1 or self.max_tokens < 3:
             raise ConfigError(
                 f"--max-records must be >= 1 and --max-tokens >= 3, got {self.max_records}, {self.max_tokens}"
@@ -101,6 +110,7 @@ def diagnose(
     trace_prompt: str | None = None,
     max_records: int = 4,
     max_tokens: int = 128,
+    accuracy_labels: LabelSource | None = None,
 ) -> DoctorReport:
     """Every check the inputs allow. `draft_model` is the loaded eaglewire draft (standalone, trace)."""
     report = DoctorReport()
@@ -125,9 +135,14 @@ def diagnose(
     readings: list[ServedReading] = []
     if sglang_args is not None:
         lint = lint_sglang(
-            sglang_args, draft=draft_source, num_layers=num_layers, trained=trained, trained_from=trained_from,
-            generation=sglang_generation, architecture=architecture,
-        )  # fmt: skip
+            sglang_args,
+            draft=draft_source,
+            num_layers=num_layers,
+            trained=trained,
+            trained_from=trained_from,
+            generation=sglang_generation,
+            architecture=architecture,
+        )
         report.checks.append(lint.result)
         readings += lint.readings
     if vllm_config is not None:
@@ -150,7 +165,8 @@ def diagnose(
                 target=target,
                 max_records=max_records,
                 max_tokens=max_tokens,
-            )  # fmt: skip
+                labels=accuracy_labels,
+            )
         )
     elif draft_source is not None and sample and draft_model is None:
         report.checks.append(
@@ -211,4 +227,5 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
         trace_prompt=opts.prompt if opts.trace else None,
         max_records=opts.max_records,
         max_tokens=opts.max_tokens,
+        accuracy_labels=cast(LabelSource | None, opts.accuracy_labels),
     )

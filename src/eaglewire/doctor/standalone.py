@@ -8,9 +8,11 @@ A large gap is a finding showing both numbers.
 
 The metric is training's step 0 (`eaglewire.train.ttt`: row t reads fc(h_t) and x[t+1] at
 position t and predicts x[t+2]; it counts where `loss_mask[t+2]`), reused from there so the two
-cannot drift: the draft's argmax, mapped to target ids, must equal the target's argmax at
-position t+1 restricted to the draft vocabulary (with a live target), else the data's next token
-x[t+2].
+cannot drift. A hit is the draft's argmax, mapped to target ids, equal to the label:
+`labels="target"` (training's accuracy, `eaglewire.train.loss`; needs a live target): the
+target's argmax at position t+1; `labels="tokens"`: the data's next token x[t+2], as the field
+reports' test did (on self-distilled data it is the target's greedy choice). Both wirings are always measured
+with the same labels, so the gap is meaningful either way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -26,6 +29,7 @@ from eaglewire.data.types import CapturedRecord
 from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
 from eaglewire.doctor.serving_common import ServedReading
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import ConfigError
 from eaglewire.target.capture import capture
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.train.ttt import shift_left, step_valid, ttt_unroll
@@ -36,6 +40,8 @@ CHECK = "draft vs data"
 GAP_THRESHOLD = 0.05  # absolute step-0 accuracy points that count as "a large gap"
 STEP0 = 0
 LABEL_OFFSET = 1  # the target's prediction at position t+1 is row t's step-0 label (see train.ttt)
+TOKEN_OFFSET = 2  # row t's step-0 label token is x[t+2] (see train.ttt)
+LabelSource = Literal["tokens", "target"]
 
 
 @dataclass(frozen=True)
@@ -78,14 +84,16 @@ def step0_hits(
 
 def labels_from_tokens(input_ids: torch.Tensor) -> torch.Tensor:
     """[T] -> [T]: row t's label is x[t+2] (-1 past the end)."""
-    return shift_left(input_ids[None], 2, fill=-1)[0]
+    return shift_left(input_ids[None], TOKEN_OFFSET, fill=-1)[0]
 
 
-def labels_from_logits(logits: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
-    """logits [T, V] -> [T]: row t's label is the target's argmax at t+1 over the draft vocabulary."""
-    d2t = draft_to_target.to(logits.device)
-    best = d2t[logits[:, d2t].argmax(-1)]  # [T] target ids
-    return shift_left(best[None], LABEL_OFFSET, fill=-1)[0]
+def labels_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """logits [T, V] -> [T]: row t's label is the target's argmax at t+1 over the full vocabulary.
+
+    As training counts accuracy (`eaglewire.train.loss.step_outcome`): a target argmax outside the
+    draft vocabulary can never be matched, so it counts as a miss.
+    """
+    return shift_left(logits.argmax(-1)[None], LABEL_OFFSET, fill=-1)[0]
 
 
 def _sum(a: Accuracy, b: Accuracy) -> Accuracy:
@@ -102,10 +110,17 @@ def check_standalone(
     max_records: int = 8,
     max_tokens: int = 256,
     gap_threshold: float = GAP_THRESHOLD,
+    labels: LabelSource | None = None,
 ) -> CheckResult:
     """Step-0 accuracy on `records` as stored (the trained wiring, boundaries `data_boundaries` when known)
-    and for each distinct served wiring; a drop of `gap_threshold` or more is a finding."""
+    and for each distinct served wiring; a drop of `gap_threshold` or more is a finding.
+
+    labels: "target" (default with a target: training's metric) or "tokens" (default without).
+    """
     result = CheckResult(name=CHECK)
+    labels = labels or ("target" if target is not None else "tokens")
+    if labels == "target" and target is None:
+        raise ConfigError("standalone accuracy with labels='target' needs a live target", fix="pass --target")
     sample = list(records[:max_records])
     if not sample:
         result.skipped = True
@@ -135,14 +150,15 @@ def check_standalone(
     for rec in sample:
         n = min(int(rec.input_ids.shape[0]), int(rec.aux.shape[0]), max_tokens)
         ids, mask = rec.input_ids[:n], rec.loss_mask[:n]
-        recaptured, labels = _target_pass(target, ids, union, draft)
-        if labels is None:
-            labels = labels_from_tokens(ids)
-        declared = _sum(declared, step0_hits(draft, ids, mask, rec.aux[:n], labels))
+        recaptured, target_labels = _target_pass(target, ids, union, draft, want_labels=labels == "target")
+        row_labels = (
+            target_labels if labels == "target" and target_labels is not None else labels_from_tokens(ids)
+        )
+        declared = _sum(declared, step0_hits(draft, ids, mask, rec.aux[:n], row_labels))
         for bounds in runnable:
             aux = _assemble(bounds, union, recaptured, rec.aux[:n], trained)
-            per_wiring[bounds] = _sum(per_wiring[bounds], step0_hits(draft, ids, mask, aux, labels))
-    label_src = "the target's argmax at t+1" if target is not None else "the data's next tokens"
+            per_wiring[bounds] = _sum(per_wiring[bounds], step0_hits(draft, ids, mask, aux, row_labels))
+    label_src = "the target's argmax at t+1" if labels == "target" else "the data's next tokens"
     result.notes.append(f"step-0 accuracy on {len(sample)} record(s), loss-masked rows, labels = {label_src}")
     result.rows.append(
         Row(
@@ -180,10 +196,15 @@ def check_standalone(
 
 
 def _target_pass(
-    target: LoadedTarget | None, ids: torch.Tensor, boundaries: Sequence[int], draft: Eagle3Draft
+    target: LoadedTarget | None,
+    ids: torch.Tensor,
+    boundaries: Sequence[int],
+    draft: Eagle3Draft,
+    *,
+    want_labels: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One target forward: aux at `boundaries` [T, len*Ht] (None without target or boundaries) and labels [T]."""
-    if target is None:
+    """One target forward: aux at `boundaries` [T, len*Ht] (None when not asked) and target labels [T] (when asked)."""
+    if target is None or not (boundaries or want_labels):
         return None, None
     L = target.num_layers
     states = capture(
@@ -191,10 +212,11 @@ def _target_pass(
         ids[None].to(target.device),
         aux_boundaries=list(boundaries) or [L],
         final=FinalState(L, "pre"),
-        return_logits=True,
+        return_logits=want_labels,
     )
-    assert states.logits is not None
-    labels = labels_from_logits(states.logits[0].float(), draft.get_buffer("draft_to_target"))
+    labels = None
+    if states.logits is not None:
+        labels = labels_from_logits(states.logits[0].float())
     return (states.aux[0] if boundaries else None), labels
 
 

@@ -55,19 +55,29 @@ class GenerationResult:
         return asdict(self)
 
 
-def make_runner(target: LoadedTarget, aux_boundaries: Sequence[int], kind: RunnerKind = "auto") -> TargetRunner:
-    """The fast runtime when available (kind 'auto' or 'fast'), else the full-recompute HF runner."""
-    if kind in ("auto", "fast"):
-        try:
-            from eaglewire.target.runtime import make_target_runner  # type: ignore[attr-defined]
-        except ImportError:
-            if kind == "fast":
-                raise ConfigError("runner 'fast': eaglewire.target.runtime is not available") from None
-            log.info("fast target runtime not available; using the full-recompute HF runner")
-        else:
-            runner: TargetRunner = make_target_runner(target, aux_boundaries=list(aux_boundaries))
-            return runner
-    return HFTargetRunner(target.model, aux_boundaries)
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+def make_runner(
+    target: LoadedTarget, aux_boundaries: Sequence[int], kind: RunnerKind = "auto", *, max_seq_len: int | None = None
+) -> TargetRunner:
+    """A batch-1 runner. 'auto': the fast runtime (static KV cache; a generic transformers path for
+    architectures it does not cover), else the full-recompute HF runner; 'fast' / 'hf' force one.
+    max_seq_len (prompt + generated + one tree) defaults to min(max_position_embeddings, 4096)."""
+    if kind not in ("auto", "fast", "hf"):
+        raise ConfigError(f"runner: expected auto, fast or hf, got {kind!r}")
+    if kind == "hf":
+        return HFTargetRunner(target.model, aux_boundaries)
+    try:
+        from eaglewire.target.runtime.factory import make_target_runner
+    except ImportError:
+        if kind == "fast":
+            raise ConfigError("runner 'fast': eaglewire.target.runtime is not available") from None
+        log.info("fast target runtime not available; using the full-recompute HF runner")
+        return HFTargetRunner(target.model, aux_boundaries)
+    if max_seq_len is None:
+        max_seq_len = min(int(getattr(target.config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)), DEFAULT_MAX_SEQ_LEN)
+    return make_target_runner(target, list(aux_boundaries), max_batch_size=1, max_seq_len=max_seq_len)
 
 
 def check_draft_fits_target(contract: Contract, target: LoadedTarget) -> None:
@@ -124,6 +134,7 @@ class SpeculativeDecoder:
         dtype: str = "float32",
         device: str = "cpu",
         runner: RunnerKind = "auto",
+        max_seq_len: int | None = None,
     ) -> SpeculativeDecoder:
         """Load a target and (optionally) a draft directory; check the draft's contract names this target."""
         loaded = target if isinstance(target, LoadedTarget) else load_target(target, dtype=dtype, device=device)
@@ -137,7 +148,7 @@ class SpeculativeDecoder:
 
             boundaries = default_boundaries(loaded.num_layers)
         return cls(
-            make_runner(loaded, boundaries, runner),
+            make_runner(loaded, boundaries, runner, max_seq_len=max_seq_len),
             draft_model,
             spec,
             tokenizer=loaded.tokenizer,
@@ -167,6 +178,14 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         """Generate after `prompt` (text, chat-templated unless chat=False; or token ids as given)."""
         prompt_ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        capacity = getattr(self.runner, "max_seq_len", None)
+        needed = len(prompt_ids) + max_new_tokens + self.spec.num_draft_tokens
+        if capacity is not None and needed > capacity:
+            raise ConfigError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) + num_draft_tokens "
+                f"({self.spec.num_draft_tokens}) = {needed} exceeds the runner's max_seq_len={capacity}",
+                fix="lower max_new_tokens, or build the runner with a larger max_seq_len",
+            )
         decode = None if self.tokenizer is None else self._decode
         rule = StopRule(max_new_tokens, self.eos_token_ids, tuple(stop), decode)
         drafter = self.drafter if use_draft else None

@@ -24,6 +24,8 @@ masses, which is lossless too. No host synchronisation happens inside `draft`.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from eaglewire.draft.model import Eagle3Draft
@@ -80,6 +82,7 @@ class Drafter:
         self.device = next(draft.parameters()).device
         self.dtype = next(draft.parameters()).dtype
         self.vocab_size = draft.config.vocab_size
+        self.draft_to_target = cast(torch.Tensor, draft.draft_to_target)  # [Vd] absolute target ids
         self.cache = DraftCache()
         self.committed = 0  # cache rows that belong to accepted tokens
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output of the last committed row
@@ -112,10 +115,13 @@ class Drafter:
             return root_only(root_token, self.device)  # nothing to draft from yet (one-token prompt)
         K = self.spec.topk
         sampled_chain = self.spec.is_chain and not sampling.greedy
-        d2t = self.draft.draft_to_target
+        d2t = self.draft_to_target
 
         # Candidate pool, in creation order (a parent before its children).
-        pool_tokens, pool_scores, pool_parents, pool_depths = [], [], [], []
+        pool_tokens: list[torch.Tensor] = []
+        pool_scores: list[torch.Tensor] = []
+        pool_parents: list[torch.Tensor] = []
+        pool_depths: list[torch.Tensor] = []
         pool_q: list[torch.Tensor] = []
 
         ids, logp, q = self._children(self.last_logits[None], sampling, generator)  # [1, K] each
@@ -152,7 +158,8 @@ class Drafter:
             frontier_hidden = out.hidden[:, child_row[best]]
             frontier_sees = rows_sees[child_row[best]]
 
-        kept, parents = select_nodes(torch.cat(pool_scores), torch.cat(pool_parents), self.spec.num_draft_tokens - 1)
+        scores = torch.cat(pool_scores)
+        kept, parents = select_nodes(scores, torch.cat(pool_parents), self.spec.num_draft_tokens - 1)
         root = torch.full((1,), root_token, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         draft_probs = None
@@ -164,6 +171,7 @@ class Drafter:
             depths=torch.cat([zero, torch.cat(pool_depths)[kept]]),
             depth_limit=self.spec.num_steps,
             draft_probs=draft_probs,
+            scores=torch.cat([zero.float(), scores[kept]]),
         )
 
     def _children(
@@ -181,7 +189,7 @@ class Drafter:
         probs = probs_from_logits(logits, sampling)  # [R, Vd]
         ids = torch.multinomial(probs, 1, generator=generator)  # [R, 1]
         q = torch.zeros(logits.shape[0], self.vocab_size, device=self.device)
-        q.index_add_(1, self.draft.draft_to_target, probs)  # [R, V] draft distribution over target ids
+        q.index_add_(1, self.draft_to_target, probs)  # [R, V] draft distribution over target ids
         return ids, logp.gather(-1, ids), q
 
     @staticmethod

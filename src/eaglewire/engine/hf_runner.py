@@ -10,6 +10,7 @@ from the same hooks `eaglewire.target.capture` uses, so they are the contract's 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ class HFTargetRunner:
 
     def __init__(self, model: nn.Module, aux_boundaries: Sequence[int]) -> None:
         self.model = model
-        cfg = model.config
+        cfg: Any = model.config
         self.num_layers = int(cfg.num_hidden_layers)
         self.vocab_size = int(cfg.vocab_size)
         first = next(model.parameters())
@@ -62,7 +63,7 @@ class HFTargetRunner:
     ) -> TargetForward:
         """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal) -> logits [B, N, V], aux [B, N, A*Ht]."""
         B, N = input_ids.shape
-        if B != len(self._committed):
+        if len(self._committed) != B:
             raise ValueError(expected_actual("batch rows", len(self._committed), B))
         if positions.shape != (B, N):
             raise ValueError(expected_actual("positions shape", (B, N), tuple(positions.shape)))

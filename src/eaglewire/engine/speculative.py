@@ -16,9 +16,7 @@ Without a draft the tree is the root alone and the loop is plain decoding on the
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -26,30 +24,9 @@ import torch
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.interfaces import TargetRunner
 from eaglewire.engine.sampling import SamplingParams
+from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.tree import root_only
 from eaglewire.engine.verify import StopRule, Verdict, verify
-
-
-class PhaseClock:
-    """Wall time per phase; synchronises the device at phase edges so GPU time lands in its phase."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        self._sync()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._sync()
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 @dataclass
@@ -69,6 +46,19 @@ def _ids(tokens: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor([tokens], dtype=torch.long, device=device)  # [1, T]
 
 
+def _prefill(runner: TargetRunner, context: list[int]) -> torch.Tensor:
+    """Run and commit `context` (all prompt tokens but the newest); return its aux [T-1, A*Ht].
+    Prefill needs no logits: ask for the last row's only when the runner can (`logits_at`)."""
+    device = runner.device
+    n = len(context)
+    extra = {}
+    if "logits_at" in inspect.signature(runner.forward).parameters:
+        extra["logits_at"] = torch.tensor([n - 1], device=device)
+    fwd = runner.forward(_ids(context, device), torch.arange(n, device=device)[None], None, **extra)
+    runner.commit(torch.arange(n, device=device)[None], torch.tensor([n], device=device))
+    return fwd.aux[0]
+
+
 def speculative_generate(
     runner: TargetRunner,
     drafter: Drafter | None,
@@ -83,7 +73,7 @@ def speculative_generate(
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: at least one token is needed")
     device = runner.device
-    clock = PhaseClock(device)
+    timers = PhaseTimers(enabled=True, device=device)
     runner.reset(1)
     if drafter is not None:
         drafter.reset()
@@ -91,30 +81,28 @@ def speculative_generate(
     # Prefill: all but the newest prompt token enter the target cache; the newest is the first root.
     *context, root = prompt_ids
     if context:
-        with clock("prefill"):
-            n = len(context)
-            fwd = runner.forward(_ids(context, device), torch.arange(n, device=device)[None])
-            runner.commit(torch.arange(n, device=device)[None], torch.tensor([n], device=device))
+        with timers.phase("prefill"):
+            aux = _prefill(runner, context)
             if drafter is not None:
-                drafter.extend(fwd.aux[0], torch.tensor(prompt_ids[1:]), start_position=0)
+                drafter.extend(aux, torch.tensor(prompt_ids[1:]), start_position=0)
 
     generated: list[int] = []
     trace = DecodeTrace(token_ids=generated, finish_reason="max_new_tokens")
     while True:
         root_position = len(prompt_ids) + len(generated) - 1
-        with clock("draft"):
+        with timers.phase("draft"):
             if drafter is None:
                 tree = root_only(root, device)
             else:
                 tree = drafter.draft_tree(root, root_position, sampling, draft_generator)
-        with clock("verify"):
+        with timers.phase("verify"):
             fwd = runner.forward(
                 tree.tokens[None].to(device),
                 tree.positions(root_position)[None].to(device),
                 tree.ancestor_mask()[None].to(device),
             )
             verdict: Verdict = verify(tree, fwd.logits[0], sampling, verify_generator)
-        with clock("accept"):
+        with timers.phase("accept"):
             path = torch.tensor(verdict.path, device=device)
             runner.commit(path[None], torch.tensor([len(verdict.path)], device=device))
             trace.accepted_per_round.append(verdict.num_accepted_drafts)
@@ -125,8 +113,8 @@ def speculative_generate(
             trace.finish_reason = finish
             break
         if drafter is not None:
-            with clock("draft"):
+            with timers.phase("draft"):
                 drafter.extend(fwd.aux[0, path], torch.tensor(verdict.emitted), start_position=root_position)
         root = verdict.emitted[-1]
-    trace.phase_seconds = dict(clock.seconds)
+    trace.phase_seconds = timers.summary()
     return trace

@@ -38,6 +38,7 @@ class DraftTree:
     # [N, V] float32: for a sampled chain, the processed draft distribution node i was drawn from
     # (row 0 unused). None when nodes are deterministic top-k picks (greedy or tree drafting).
     draft_probs: torch.Tensor | None = None
+    scores: torch.Tensor | None = None  # [N] cumulative draft log-probability of each node (root 0)
 
     @property
     def num_nodes(self) -> int:

@@ -59,7 +59,7 @@ def sglang_layer_ids(contract: Contract, generation: str | None) -> tuple[tuple[
 
 def sglang_config(cfg: DraftConfig, layer_ids: tuple[int, ...], *, dtype: str) -> dict[str, Any]:
     """config.json SGLang's LlamaForCausalLMEagle3 reads (keys in `keys.SGLANG_CONFIG_KEYS`)."""
-    out = {"architectures": [SGLANG_ARCHITECTURE]}
+    out: dict[str, Any] = {"architectures": [SGLANG_ARCHITECTURE]}
     out.update(llama_layer_dict(cfg, vocab_size=cfg.vocab_size, dtype=dtype))
     out.update(
         {

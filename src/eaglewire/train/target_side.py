@@ -101,12 +101,13 @@ class OnlineTarget:
             ids[i, :length] = rec.input_ids[:length]
             attn[i, :length] = 1
         dev = self.target.device
+        padded = min(lengths) != width  # equal lengths: no mask (HF builds none, which is faster)
         states = capture(
             self.target.model,
             ids.to(dev),
             aux_boundaries=self.aux_boundaries,
             final=self.final,
-            attention_mask=attn.to(dev),
+            attention_mask=attn.to(dev) if padded else None,
             return_logits=True,
         )
         assert states.logits is not None

@@ -1,7 +1,8 @@
 """Preallocated static KV cache with per-row lengths, provisional writes and in-place compaction.
 
-Layout: keys and values are each one tensor [L, Bmax, Hkv, Smax, hd], allocated once (zeros, so
-masked-out slots never hold NaN). A forward writes its N new tokens at slots
+Layout: one tensor [L, Bmax, 2*Hkv, Smax, hd] (each layer's keys in heads 0..Hkv-1, its values in
+heads Hkv..2Hkv-1, so one scatter stores both), allocated once (zeros, so masked-out slots never
+hold NaN). A forward writes its N new tokens at slots
 lengths[b] .. lengths[b]+N-1 of row b (provisionally); `commit` gathers the accepted ones, in
 path order, to lengths[b] .. lengths[b]+n-1 for every layer at once, then advances `lengths`.
 Everything stays on the device: no host synchronisation.
@@ -50,9 +51,8 @@ class StaticKVCache:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.capacity = round_up(max_seq_len, SLOT_ALIGN)
-        shape = (num_layers, max_batch_size, num_kv_heads, self.capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (num_layers, max_batch_size, 2 * num_kv_heads, self.capacity, head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.device = device
         self._lengths = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self.batch_size = 0
@@ -128,19 +128,20 @@ class StaticKVCache:
             src = base + accepted.clamp(0, num_new - 1)  # [B, n]
             dst = base + torch.arange(n, device=dev)  # [B, n]
             rows = torch.arange(B, device=dev)[:, None].expand(B, n)
-            for cache in (self.keys, self.values):
-                moved = cache[:, rows, :, src]  # [B, n, L, Hkv, hd]
-                cache[:, rows, :, dst] = moved
+            moved = self.kv[:, rows, :, src]  # [B, n, L, 2Hkv, hd]
+            self.kv[:, rows, :, dst] = moved
         self._advance(num_accepted, num_dev, n)
 
     def commit_prefix(self, num_accepted: torch.Tensor) -> None:
         """Keep the first num_accepted[b] new tokens of each row where they are (no copy)."""
-        num_dev = num_accepted.to(self.device, torch.long, non_blocking=True)
-        self._advance(num_accepted, num_dev, self._last_num_new)
+        self._advance(num_accepted, None, self._last_num_new)
 
-    def _advance(self, num_accepted: torch.Tensor, num_dev: torch.Tensor, bound: int) -> None:
+    def _advance(self, num_accepted: torch.Tensor, num_dev: torch.Tensor | None, bound: int) -> None:
         """lengths += num_accepted; the host bound grows exactly (CPU counts) or by `bound`."""
-        self.lengths.add_(num_dev)
+        if num_accepted.device.type == "cpu" and num_accepted.numel() and bool((num_accepted == num_accepted[0]).all()):
+            self.lengths.add_(int(num_accepted[0]))  # one scalar add, no host-to-device copy
+        else:
+            self.lengths.add_(num_dev if num_dev is not None else num_accepted.to(self.device, torch.long))
         if num_accepted.device.type == "cpu":
             self._upper = self._upper + num_accepted.to(torch.long)
         else:

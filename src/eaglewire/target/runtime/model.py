@@ -76,7 +76,7 @@ def prepare(
     neg = torch.full((), float("-inf"), dtype=dtype, device=positions.device)
     additive = torch.where(allowed, zero, neg)  # [B, N, S]
     mask = additive[:, None, None].expand(B, 1, group_size, N, S).reshape(B, 1, group_size * N, S)
-    return cos, sin, write_slots, mask
+    return cos, sin, write_slots, mask.contiguous()
 
 
 def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -100,15 +100,14 @@ def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Te
         gate_up_b: torch.Tensor | None,
         down_w: torch.Tensor,
         down_b: torch.Tensor | None,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         write_rows: torch.Tensor,
         write_slots: torch.Tensor,
         mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h, delta [B, N, Ht] (layer input = h + delta); k_cache, v_cache [Bmax, Hkv, Smax, hd];
+        """h, delta [B, N, Ht] (layer input = h + delta); kv_cache [Bmax, 2*Hkv, Smax, hd] (keys then values);
         write_rows, write_slots [B, N]; mask [B, 1, G*N, S] or None (prefill: causal, new tokens only).
         Returns (x, x2, mlp_out): x = this layer's input (its boundary state), x2 + mlp_out = output."""
         B, N, _ = h.shape
@@ -124,14 +123,15 @@ def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Te
             k = rms_norm(k, k_norm, eps)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, Hq, N, hd]
         k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, Hkv, N, hd]
-        k_cache[write_rows, :, write_slots] = k.transpose(1, 2)  # cache[b, :, slot] <- [B, N, Hkv, hd]
-        v_cache[write_rows, :, write_slots] = v
+        v = v.transpose(1, 2)  # [B, Hkv, N, hd]
+        kv_cache[write_rows, :, write_slots] = torch.cat([k, v], dim=1).transpose(1, 2)  # [B, N, 2Hkv, hd]
         if mask is None:
-            attn = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             S = mask.shape[-1]
             qg = q.reshape(B, Hkv, G * N, hd)  # query heads of one KV head side by side
-            attn = F.scaled_dot_product_attention(qg, k_cache[:B, :, :S], v_cache[:B, :, :S], attn_mask=mask)
+            keys, values = kv_cache[:B, :Hkv, :S], kv_cache[:B, Hkv:, :S]  # [B, Hkv, S, hd] each
+            attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
             attn = attn.view(B, Hq, N, hd)
         attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
         x2 = x + F.linear(attn, o_w, o_b)

@@ -47,7 +47,8 @@ class FastTargetRunner:
 
     `forward` returns logits [B, N, V] float32 (or [B, 1, V] at `logits_at`) and aux [B, N, A*Ht];
     with `copy_outputs=False` on CUDA those are the graph's static buffers, overwritten by the
-    next forward of the same bucket."""
+    next forward of the same bucket. Forwards of more than `graph_max_new_tokens` new tokens per
+    row (chunked prefill) run without graphs."""
 
     def __init__(
         self,
@@ -60,6 +61,8 @@ class FastTargetRunner:
         compile: bool | None = None,
         cuda_graphs: bool | None = None,
         copy_outputs: bool = True,
+        graph_max_new_tokens: int = 128,
+        compile_options: dict[str, Any] | None = None,
     ) -> None:
         model = target.model
         check_fast_supported(model.config, max_seq_len)
@@ -74,6 +77,7 @@ class FastTargetRunner:
         self.aux_boundaries = check_boundaries(aux_boundaries, spec.num_layers)
         self.eos_token_ids = eos_ids_of(model.config)
         self.copy_outputs = copy_outputs
+        self.graph_max_new_tokens = graph_max_new_tokens
         self.cache = StaticKVCache(
             num_layers=spec.num_layers,
             max_batch_size=max_batch_size,
@@ -83,8 +87,7 @@ class FastTargetRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        self._k_layers = list(self.cache.keys.unbind(0))
-        self._v_layers = list(self.cache.values.unbind(0))
+        self._kv_layers = list(self.cache.kv.unbind(0))
         on_cuda = self.device.type == "cuda"
         self.compiled = on_cuda if compile is None else compile
         self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
@@ -93,9 +96,10 @@ class FastTargetRunner:
         layer_fn, head_fn = make_layer_fn(spec), make_head_fn(spec)
         prepare_fn: Callable[..., Any] = prepare
         if self.compiled:
-            layer_fn = torch.compile(layer_fn, fullgraph=True)
-            head_fn = torch.compile(head_fn, fullgraph=True)
-            prepare_fn = torch.compile(prepare, fullgraph=True)
+            opts = dict(compile_options or {})
+            layer_fn = torch.compile(layer_fn, fullgraph=True, options=opts)
+            head_fn = torch.compile(head_fn, fullgraph=True, options=opts)
+            prepare_fn = torch.compile(prepare, fullgraph=True, options=opts)
         self._layer, self._head, self._prepare = layer_fn, head_fn, prepare_fn
         self._kv_positions = torch.arange(self.cache.capacity, device=self.device)
         self._rows = torch.arange(max_batch_size, device=self.device)[:, None]
@@ -150,7 +154,7 @@ class FastTargetRunner:
             # a new bucket: tighten the host's bound once (one sync) so buckets stay small
             window = kv_bucket(self.cache.sync_lengths() + N, self.cache.capacity)
         self._last_window = window
-        if self._graphs is None:
+        if self._graphs is None or N > self.graph_max_new_tokens:
             logits, aux = self._run(
                 input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
             )
@@ -223,7 +227,7 @@ class FastTargetRunner:
         states: dict[int, torch.Tensor] = {}
         for i, layer_w in enumerate(w.layers):
             x, h, delta = self._layer(
-                h, delta, *layer_w, self._k_layers[i], self._v_layers[i], cos, sin, rows, slots, mask
+                h, delta, *layer_w, self._kv_layers[i], cos, sin, rows, slots, mask
             )
             if i in wanted:
                 states[i] = x

@@ -1,0 +1,292 @@
+"""Target-runtime speed: plain decode tokens/s and the cost of verifying k tokens vs decoding one.
+
+Random-weight models built from configs (weights do not change speed):
+  smollm2-135m   SmolLM2-135M shape (Llama, hidden 576, 30 layers, 9/3 heads, vocab 49152, tied)
+  llama-3.1-8b   Llama-3.1-8B shape (hidden 4096, 32 layers, 32/8 heads, vocab 128256, llama3 RoPE)
+  tiny           a few-layer model for checking this script on CPU
+
+    python benchmarks/engine_speed.py --models smollm2-135m,llama-3.1-8b --out results.json   # on a GPU
+    python benchmarks/engine_speed.py --tiny                                                   # CPU check
+
+Timings: CUDA events after warm-up, median of repeats. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.contract.numbering import default_boundaries
+from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.target.loading import LoadedTarget
+from eaglewire.target.runtime.runner import FastTargetRunner
+from eaglewire.target.runtime.weights import weight_bytes
+
+HBM_BYTES_PER_S = 4.3e12  # the issue's H200 figure (a device-to-device copy measures about this)
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5,
+    ),
+    "llama-3.1-8b": dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=131072,
+        rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+        },
+        rms_norm_eps=1e-5,
+    ),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+    ),
+}
+
+
+def build_target(name: str, device: torch.device, dtype: torch.dtype) -> LoadedTarget:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**SHAPES[name], architectures=["LlamaForCausalLM"], eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.eval().requires_grad_(False)
+    return LoadedTarget(model=model, tokenizer=None, path=Path(f"<random {name}>"))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], Any], device: torch.device, iters: int, repeats: int) -> float:
+    """Median over `repeats` of the mean ms per call of `iters` back-to-back calls."""
+    fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1000 / iters)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    src = torch.randn(256 * 1024 * 1024, device=device, dtype=torch.float32)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, iters=5, repeats=5)
+    return 2 * src.numel() * 4 / (ms / 1000)
+
+
+def prefill(runner: FastTargetRunner, prompt: torch.Tensor) -> None:
+    runner.reset(1)
+    T = prompt.shape[1]
+    runner.forward(prompt, torch.arange(T, device=prompt.device)[None])
+    runner.commit_prefix(torch.tensor([T]))
+
+
+def verify_costs(
+    runner: FastTargetRunner, prompt: torch.Tensor, ks: list[int], iters: int, repeats: int
+) -> dict[str, float]:
+    """ms of one forward of k new tokens (chain tree mask; k=1: plain decode step, no mask) at the
+    prompt's length, without commit (the same provisional slots are rewritten)."""
+    dev = runner.device
+    prefill(runner, prompt)
+    T = prompt.shape[1]
+    out = {}
+    for k in ks:
+        ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
+        pos = (T + torch.arange(k, device=dev))[None]
+        tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
+        out[str(k)] = time_ms(lambda ids=ids, pos=pos, tree=tree: runner.forward(ids, pos, tree), dev, iters, repeats)
+    return out
+
+
+def hf_ms_per_token(target: LoadedTarget, prompt: torch.Tensor, n: int) -> float:
+    model, dev = target.model, target.device
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def run(m: int) -> float:
+        sync(dev)
+        t0 = time.perf_counter()
+        model.generate(prompt, max_new_tokens=m, min_new_tokens=m, **kw)
+        sync(dev)
+        return time.perf_counter() - t0
+
+    run(2)
+    return (run(n + 1) - run(1)) * 1000 / n
+
+
+def parity(target: LoadedTarget, runner: FastTargetRunner, prompt: torch.Tensor, steps: int) -> dict[str, Any]:
+    """bf16 logits vs transformers on the prompt; greedy agreement of `steps` tokens with HF generate."""
+    with torch.no_grad():
+        ref = target.model(prompt).logits.float()[0, -1]
+    runner.reset(1)
+    T = prompt.shape[1]
+    out = runner.forward(prompt, torch.arange(T, device=prompt.device)[None])
+    got = out.logits[0, -1]
+    rel = float((got - ref).norm() / ref.norm())
+    res = generate_plain_with_stats(runner, [prompt[0].tolist()], steps, eos_token_ids=())
+    hf = target.model.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0)
+    hf_tokens = hf[0, T:].tolist()
+    ours = res.tokens[0]
+    agree = next((i for i, (a, b) in enumerate(zip(ours, hf_tokens, strict=False)) if a != b), min(len(ours), len(hf_tokens)))
+    return {"prefill_logits_rel_err": rel, "greedy_tokens_equal_prefix": agree, "greedy_steps": steps}
+
+
+def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float) -> dict[str, Any]:
+    res: dict[str, Any] = {"shape": SHAPES[name]}
+    t0 = time.perf_counter()
+    target = build_target(name, device, dtype)
+    res["build_s"] = time.perf_counter() - t0
+    L = target.num_layers
+    t0 = time.perf_counter()
+    runner = FastTargetRunner(
+        target, default_boundaries(L), max_batch_size=1, max_seq_len=args.max_seq_len,
+        compile=args.compile if args.compile is not None else None,
+    )
+    res["weight_bytes_read_per_token"] = weight_bytes(runner.weights)
+    total_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    res["weight_bytes_total"] = total_bytes
+    res["hbm_floor_ms"] = total_bytes / HBM_BYTES_PER_S * 1000
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    prompt = torch.randint(3, target.vocab_size, (1, args.prompt_len), generator=gen).to(device)
+    if not args.skip_parity:
+        res["parity"] = parity(target, runner, prompt[:, :64], args.parity_steps)
+        res["first_compile_and_capture_s"] = time.perf_counter() - t0
+        print(f"[{name}] parity {res['parity']}", flush=True)
+    # plain decode through generate_plain (argmax + bookkeeping included), after a warm run
+    prompt_ids = [prompt[0].tolist()]
+    generate_plain_with_stats(runner, prompt_ids, args.new_tokens, eos_token_ids=())
+    plain = generate_plain_with_stats(runner, prompt_ids, args.new_tokens, eos_token_ids=())
+    res["plain_decode_tok_s"] = plain.decode_tokens_per_s
+    res["plain_decode_ms_per_token"] = 1000 / plain.decode_tokens_per_s
+    res["graphs_captured"] = len(runner._graphs) if runner._graphs is not None else 0
+    print(f"[{name}] plain decode {plain.decode_tokens_per_s:.1f} tok/s", flush=True)
+    if time.perf_counter() > deadline:
+        res["skipped"] = "verify and HF (time budget)"
+        return res
+    ks = [k for k in args.ks if k <= args.max_k]
+    res["forward_ms"] = verify_costs(runner, prompt, ks, args.iters, args.repeats)
+    base = res["forward_ms"]["1"]
+    res["verify_over_decode"] = {k: v / base for k, v in res["forward_ms"].items()}
+    res["decode_ms_over_hbm_floor"] = base / res["hbm_floor_ms"]
+    print(f"[{name}] forward ms {res['forward_ms']}", flush=True)
+    if time.perf_counter() < deadline and args.hf_tokens > 0:
+        res["hf_generate_ms_per_token"] = hf_ms_per_token(target, prompt, args.hf_tokens)
+        print(f"[{name}] HF generate {res['hf_generate_ms_per_token']:.2f} ms/token", flush=True)
+    del runner, target
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        f"{'model':<14} {'plain tok/s':>11} {'decode ms':>9} {'floor ms':>8} {'x floor':>7} "
+        f"{'v16/d1':>6} {'HF ms/tok':>9}  verify(k)/decode(1)"
+    ]
+    for name, r in results.items():
+        if not isinstance(r, dict) or "plain_decode_tok_s" not in r:
+            continue
+        ratios = r.get("verify_over_decode", {})
+        fm = r.get("forward_ms", {})
+        lines.append(
+            f"{name:<14} {r['plain_decode_tok_s']:>11.1f} {fm.get('1', math.nan):>9.3f} {r['hbm_floor_ms']:>8.3f} "
+            f"{r.get('decode_ms_over_hbm_floor', math.nan):>7.2f} {ratios.get('16', math.nan):>6.2f} "
+            f"{r.get('hf_generate_ms_per_token', math.nan):>9.2f}  "
+            + " ".join(f"{k}:{v:.2f}" for k, v in ratios.items())
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2-135m,llama-3.1-8b")
+    ap.add_argument("--tiny", action="store_true", help="tiny model on CPU in float32 (checks this script)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--max-seq-len", type=int, default=1024)
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--max-k", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--hf-tokens", type=int, default=16)
+    ap.add_argument("--parity-steps", type=int, default=32)
+    ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--compile", type=lambda s: s == "1", default=None, help="1/0 (default: on CUDA)")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="skip remaining work after this many seconds")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.tiny:
+        device, dtype, models = torch.device("cpu"), torch.float32, ["tiny"]
+        args.iters, args.repeats, args.new_tokens, args.hf_tokens, args.parity_steps = 2, 3, 16, 4, 8
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        models = args.models.split(",")
+    start = time.perf_counter()
+    deadline = start + args.budget_s
+    results: dict[str, Any] = {
+        "meta": {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__,
+            "dtype": str(dtype),
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+        }
+    }
+    bw = copy_bandwidth(device)
+    results["meta"]["copy_bandwidth_bytes_per_s"] = bw
+    for name in models:
+        if time.perf_counter() > deadline:
+            results[name] = {"skipped": "time budget"}
+            continue
+        try:
+            results[name] = bench_model(name, args, device, dtype, deadline)
+        except Exception as err:  # a benchmark reports a failing section and goes on
+            traceback.print_exc()
+            results[name] = {"error": f"{type(err).__name__}: {err}"}
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+    results["meta"]["total_s"] = time.perf_counter() - start
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=1))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

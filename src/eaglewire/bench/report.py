@@ -1,0 +1,135 @@
+"""A benchmark run's report: JSON, a Markdown table, and where they are written.
+
+report.write(out_dir)  ->  bench.json, bench.md, and the PNG plots (eaglewire.bench.plots)
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.bench.prediction import PredictionRow, prediction_markdown, prediction_summary
+from eaglewire.bench.results import CYCLE_PHASES, MethodResult
+from eaglewire.io_utils import atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+REPORT_JSON = "bench.json"
+REPORT_MD = "bench.md"
+SCHEMA_VERSION = 1
+
+
+def describe_device(device: torch.device | str) -> str:
+    """'NVIDIA H200 (cuda:0)' or 'cpu (x86_64, 2 threads)'."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"{torch.cuda.get_device_name(index)} (cuda:{index})"
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class BenchReport:
+    # target, draft, prompts, device, dtype, max_new_tokens, warmup, repeats, date, command
+    meta: dict[str, Any]
+    results: dict[str, MethodResult]  # method name -> result, in run order
+    reference: str | None  # the method greedy outputs are compared with
+    predictions: list[PredictionRow] = field(default_factory=list)  # offline predicted vs measured tau
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            **self.meta,
+            "reference_method": self.reference,
+            "methods": {name: r.to_json() for name, r in self.results.items()},
+            "greedy_mismatches": self.mismatch_count(),
+            "predictions": [p.to_json() for p in self.predictions],
+            "prediction_summary": prediction_summary(self.predictions),
+        }
+
+    def mismatch_count(self) -> int:
+        return sum(len(r.mismatches or []) for r in self.results.values())
+
+    def write(self, out_dir: Path, *, plots: bool = True) -> list[Path]:
+        """bench.json, bench.md and (when `plots`) PNG files in `out_dir`; returns the paths."""
+        out_dir = Path(out_dir)
+        written: list[Path] = []
+        if plots:
+            from eaglewire.bench.plots import plot_report
+
+            written += plot_report(self, out_dir)
+        self.files = [p.name for p in written] + [REPORT_JSON, REPORT_MD]
+        atomic_write_text(out_dir / REPORT_MD, self.markdown())
+        atomic_write_json(out_dir / REPORT_JSON, self.to_json())
+        return [*written, out_dir / REPORT_JSON, out_dir / REPORT_MD]
+
+    def markdown(self) -> str:
+        m = self.meta
+        lines = [
+            f"# eaglewire bench: {m.get('prompts', '?')} ({m.get('num_prompts', '?')} prompts)",
+            "",
+            f"target `{m.get('target')}`, draft `{m.get('draft')}`, {m.get('device')}, {m.get('dtype')}, "
+            f"max_new_tokens={m.get('max_new_tokens')}, warm-up {m.get('warmup')}, median of {m.get('repeats')}, "
+            f"{m.get('date')}",
+            "",
+            markdown_table(self.results, self.reference),
+        ]
+        notes = [
+            f"- `{r.method}`: not available: {r.reason}" for r in self.results.values() if not r.available
+        ]
+        for r in self.results.values():
+            for mm in r.mismatches or []:
+                notes.append(
+                    f"- `{r.method}` differs from `{self.reference}` on {mm.prompt_id} at generated token "
+                    f"{mm.position}: {mm.token} vs {mm.reference_token}"
+                )
+        if notes:
+            lines += ["", *notes]
+        if self.predictions:
+            lines += ["", "Offline predicted vs measured tau:", "", prediction_markdown(self.predictions)]
+        if m.get("command"):
+            lines += ["", f"Command: `{m['command']}`"]
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def markdown_table(results: dict[str, MethodResult], reference: str | None) -> str:
+    """One row per method: tok/s, speedups, tau, per-position acceptance, cycle phases, greedy check."""
+    head = (
+        "| method | setting | tok/s | vs plain | vs HF generate | tau | acceptance per position | "
+        "draft / verify / accept / host | greedy == " + (reference or "-") + " |"
+    )
+    rows = [head, "|" + "---|" * 9]
+    for r in results.values():
+        setting = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "-"
+        if not r.available:
+            rows.append(f"| {r.method} | {setting} | not available: {r.reason} | | | | | | |")
+            continue
+        acc = " ".join(f"{a:.2f}" for a in r.per_position_acceptance) or "-"
+        frac = r.cycle_fraction
+        phases = " / ".join(f"{100 * frac[k]:.0f}%" for k in CYCLE_PHASES) if frac else "-"
+        if r.method == reference:
+            greedy = "(reference)"
+        elif r.mismatches is None:
+            greedy = "-"
+        else:
+            greedy = "yes" if not r.mismatches else f"NO ({len(r.mismatches)}/{len(r.runs)} prompts differ)"
+        rows.append(
+            f"| {r.method} | {setting} | {_fmt(r.tokens_per_s, '.1f')} | {_fmt(r.speedup_vs_plain, '.2f', 'x')} | "
+            f"{_fmt(r.speedup_vs_hf_generate, '.2f', 'x')} | {_fmt(r.tau, '.2f')} | {acc} | {phases} | {greedy} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,198 @@
+"""`eaglewire bench`: our plain decode, EAGLE-3 chain and tree, and transformers baselines on the same
+prompts and device; or, with --sweep, every valid speculative setting and the fastest one."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from eaglewire.cli.common import EXIT_FINDING, parse_int_list, print_json
+from eaglewire.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eaglewire.bench.prediction import TauPredictor
+    from eaglewire.bench.prompts import PromptSet
+    from eaglewire.bench.sweep import SweepConfig
+    from eaglewire.target.loading import LoadedTarget
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    values = parse_int_list(text, what=what)
+    if not values:
+        raise ConfigError(f"{what}: expected at least one integer, got {text!r}")
+    return tuple(values)
+
+
+def bench(
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    draft: Path = typer.Option(
+        None, "--draft", help="draft directory; needed by eagle-chain, eagle-tree and --sweep"
+    ),
+    prompts: str = typer.Option(
+        "mt-bench",
+        "--prompts",
+        help='chitchat-eval | humaneval-eval | mt-bench | a JSONL file ({"prompt"}, messages, MT-bench rows)',
+    ),
+    num_prompts: int = typer.Option(0, "--num-prompts", help="use the first N prompts (0 = all)"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="tokens generated per prompt at most"),
+    methods: str = typer.Option(
+        "plain,eagle-chain,eagle-tree,hf-generate,hf-prompt-lookup,hf-static-compiled",
+        "--methods",
+        help="comma-separated methods to run, in order",
+    ),
+    chain_steps: int = typer.Option(5, "--chain-steps", help="eagle-chain: draft tokens per round"),
+    num_steps: int = typer.Option(5, "--num-steps", help="eagle-tree: = SGLang --speculative-num-steps"),
+    topk: int = typer.Option(4, "--topk", help="eagle-tree: = SGLang --speculative-eagle-topk"),
+    num_draft_tokens: int = typer.Option(
+        8, "--num-draft-tokens", help="eagle-tree: = SGLang --speculative-num-draft-tokens"
+    ),
+    prompt_lookup_num_tokens: int = typer.Option(
+        10, "--prompt-lookup-num-tokens", help="hf-prompt-lookup setting"
+    ),
+    warmup: int = typer.Option(1, "--warmup", help="untimed runs of the first prompt per method/setting"),
+    repeats: int = typer.Option(
+        None, "--repeats", help="timed runs per prompt, median reported (default 3; --sweep: 1)"
+    ),
+    sweep: bool = typer.Option(
+        False, "--sweep", help="sweep num_steps x topk x num_draft_tokens instead; write best_setting.json"
+    ),
+    sweep_num_steps: str = typer.Option(
+        "1,2,3,4,5,6,7", "--sweep-num-steps", help="--sweep: num_steps values"
+    ),
+    sweep_topk: str = typer.Option("1,2,4,8", "--sweep-topk", help="--sweep: topk values (1 = chain)"),
+    sweep_num_draft_tokens: str = typer.Option(
+        "4,8,16,32", "--sweep-num-draft-tokens", help="--sweep: tree sizes"
+    ),
+    batch_sizes: str = typer.Option(
+        "1", "--batch-sizes", help="--sweep: batch sizes (speculative runs at batch 1)"
+    ),
+    write_best: bool = typer.Option(
+        True, "--write-best/--no-write-best", help="--sweep: write best_setting.json into --draft"
+    ),
+    eval_report: Path = typer.Option(
+        None,
+        "--eval-report",
+        help="offline evaluation JSON with cond_acc (default: train_summary.json beside the draft)",
+    ),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="float32 | bfloat16 | auto (bfloat16 on CUDA, float32 on CPU)"
+    ),
+    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+    raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
+    out: Path = typer.Option(
+        Path("bench-results"), "--out", help="directory for bench.json/.md and PNG plots"
+    ),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots (needs matplotlib)"),
+    as_json: bool = typer.Option(False, "--json", help="print the JSON report instead of the table"),
+) -> None:
+    """Benchmark decoding: tokens/s, speedups, tau, per-position acceptance, phase breakdown, greedy check.
+
+    Example: eaglewire bench --target smollm2 --draft runs/draft --prompts mt-bench --out bench-out
+    """
+    import torch
+
+    from eaglewire.bench.prediction import find_summary_predictor, load_summary_predictor
+    from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.target.loading import load_target
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    command = shlex.join(["eaglewire", *sys.argv[1:]])
+    prompt_set = load_prompt_set(prompts, num_prompts or None)
+    predictor = load_summary_predictor(eval_report) if eval_report is not None else None
+    if predictor is None and draft is not None:
+        predictor = find_summary_predictor(draft)
+    loaded = load_target(target, dtype=dtype, device=device)
+
+    if sweep:
+        from eaglewire.bench.sweep import SweepConfig
+
+        if draft is None:
+            raise ConfigError("--sweep needs a draft", fix="pass --draft DIR")
+        sweep_cfg = SweepConfig(
+            num_steps=_ints(sweep_num_steps, "--sweep-num-steps"),
+            topk=_ints(sweep_topk, "--sweep-topk"),
+            num_draft_tokens=_ints(sweep_num_draft_tokens, "--sweep-num-draft-tokens"),
+            batch_sizes=_ints(batch_sizes, "--batch-sizes"),
+            max_new_tokens=max_new_tokens,
+            warmup=warmup,
+            repeats=1 if repeats is None else repeats,
+            chat=not raw,
+        )
+        _sweep(loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best)
+        return
+
+    from eaglewire.bench.harness import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(
+        max_new_tokens=max_new_tokens,
+        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        chain_steps=chain_steps,
+        tree_num_steps=num_steps,
+        tree_topk=topk,
+        tree_num_draft_tokens=num_draft_tokens,
+        warmup=warmup,
+        repeats=3 if repeats is None else repeats,
+        chat=not raw,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+    )
+    report = run_benchmark(loaded, draft, prompt_set, cfg, meta={"command": command}, predictor=predictor)
+    paths = report.write(out, plots=plots)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        typer.echo(report.markdown())
+        typer.echo("wrote " + ", ".join(str(p) for p in paths))
+    ours_differ = [
+        f"{name}: {len(r.mismatches)} prompt(s)"
+        for name, r in report.results.items()
+        if name.startswith("eagle-") and r.mismatches
+    ]
+    if ours_differ:
+        typer.echo(
+            "NOT LOSSLESS: speculative greedy output differs from plain greedy: " + "; ".join(ours_differ),
+            err=True,
+        )
+        raise typer.Exit(EXIT_FINDING)
+
+
+def _sweep(
+    loaded: LoadedTarget,
+    draft: Path,
+    prompt_set: PromptSet,
+    cfg: SweepConfig,
+    predictor: TauPredictor | None,
+    command: str,
+    out: Path,
+    plots: bool,
+    as_json: bool,
+    write_best: bool,
+) -> None:
+    from eaglewire.bench.report import describe_device, now_iso
+    from eaglewire.bench.sweep import run_sweep, sweep_markdown, write_best_setting, write_sweep
+
+    source = f"{command} | {now_iso()} | {describe_device(loaded.device)}"
+    result = run_sweep(loaded, draft, prompt_set, cfg, predictor=predictor, source=source)
+    paths = write_sweep(result, out, plots=plots)
+    if write_best:
+        best = write_best_setting(result, draft)
+        if best is not None:
+            paths.append(best)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        typer.echo(sweep_markdown(result))
+        typer.echo("wrote " + ", ".join(str(p) for p in paths))
+    if any(r.greedy_matches_plain is False for r in result.rows):
+        typer.echo("NOT LOSSLESS: a speculative setting's greedy output differs from plain greedy", err=True)
+        raise typer.Exit(EXIT_FINDING)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

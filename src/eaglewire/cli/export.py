@@ -1,0 +1,98 @@
+"""`eaglewire export` and `eaglewire import`: engine formats both ways, with launch commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from eaglewire.cli.common import console, print_table
+
+
+def export_cmd(
+    draft: Path = typer.Option(..., "--draft", help="eaglewire draft directory (config.json + model.safetensors + contract.json)"),
+    fmt: str = typer.Option(..., "--format", help="sglang | vllm (speculators layout)"),
+    out: Path = typer.Option(..., "--out", help="directory to write the export to"),
+    sglang_generation: str = typer.Option(
+        None,
+        "--sglang-generation",
+        help="legacy | pr25454: the SGLang release family you serve with; needed only when the two would read the "
+        "layer ids differently",
+    ),
+    best_setting: Path = typer.Option(
+        None, "--best-setting", help="best_setting.json from the benchmark (default: the one in --draft, if any)"
+    ),
+    num_steps: int = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps (overrides any best setting)"),
+    topk: int = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk (default 1 with --num-steps)"),
+    num_draft_tokens: int = typer.Option(
+        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (topk=1: num_steps + 1)"
+    ),
+    target_path: str = typer.Option(None, "--target-path", help="target path for the launch command (default: the contract's)"),
+    dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: the contract's dtype)"),
+) -> None:
+    """Write a draft SGLang or vLLM loads as is, and the command that serves it."""
+    from eaglewire.export.exporting import export_draft
+
+    result = export_draft(
+        draft,
+        fmt,  # type: ignore[arg-type]  # checked by export_draft
+        out,
+        sglang_generation=sglang_generation,
+        best_setting=best_setting,
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        target_path=target_path,
+        dtype=dtype,
+    )
+    s = result.spec
+    print_table(
+        f"{fmt} export written to {result.out}",
+        ["field", "value"],
+        [
+            ["aux boundaries", list(result.boundaries)],
+            ["layer ids in config.json", f"{list(result.layer_ids)} ({result.numbering})"],
+            ["speculative", f"num_steps={s.num_steps} topk={s.topk} num_draft_tokens={s.num_draft_tokens}"],
+            ["from", result.spec_source],
+            ["launch script", result.launch_file],
+        ],
+    )
+    console.print(result.launch_command, markup=False, highlight=False, soft_wrap=True)
+
+
+def import_cmd(
+    fmt: str = typer.Option(..., "--format", help="sglang | vllm | eagle (EAGLE official, safetensors)"),
+    src: Path = typer.Option(..., "--src", help="the engine-format draft directory"),
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    out: Path = typer.Option(..., "--out", help="directory to write the eaglewire draft to"),
+    numbering: str = typer.Option(
+        None,
+        "--numbering",
+        help="what the layer ids mean (boundary, vllm, speculators, sglang-legacy, sglang-pr25454, specforge, "
+        "modelopt, eagle); default: from the format, or inferred only when unambiguous",
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the contract's fingerprint"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+) -> None:
+    """Read an SGLang / vLLM / EAGLE draft into an eaglewire draft with a contract built on the live target."""
+    from eaglewire.export.importing import import_draft
+    from eaglewire.target.loading import load_target
+
+    loaded = load_target(target, dtype=dtype, trust_remote_code=trust_remote_code)
+    result = import_draft(fmt, src, loaded, out, numbering=numbering)  # type: ignore[arg-type]  # checked inside
+    ids = "engine defaults" if result.layer_ids is None else list(result.layer_ids)
+    print_table(
+        f"{fmt} draft imported to {result.out}",
+        ["field", "value"],
+        [
+            ["layer ids in the source", ids],
+            ["numbering", f"{result.numbering} (from {result.numbering_from})"],
+            ["aux boundaries", ", ".join(result.contract.describe()[: result.contract.num_aux])],
+            *[["note", n] for n in result.notes],
+        ],
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_cmd)
+    app.command("import")(import_cmd)

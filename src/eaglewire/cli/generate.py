@@ -1,0 +1,151 @@
+"""`eaglewire generate`: speculative decoding with a draft, optionally proving it lossless."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from eaglewire.cli.common import EXIT_FINDING, print_json, print_table
+from eaglewire.engine.api import DEFAULT_SPEC, GenerationResult, SpeculativeDecoder
+from eaglewire.engine.sampling import SamplingParams
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import ConfigError, DataFormatError
+
+
+def read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
+    """Exactly one of --prompt / --prompts-file. A .jsonl file holds {"prompt": ...} objects (or
+    strings), one per line; any other file holds one prompt per non-empty line."""
+    if (prompt is None) == (prompts_file is None):
+        raise ConfigError("pass exactly one of --prompt TEXT or --prompts-file F")
+    if prompt is not None:
+        return [prompt]
+    assert prompts_file is not None
+    if not prompts_file.exists():
+        raise ConfigError(f"--prompts-file {prompts_file}: no such file")
+    lines = prompts_file.read_text(encoding="utf-8").splitlines()
+    prompts = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if prompts_file.suffix != ".jsonl":
+            prompts.append(line)
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataFormatError(f"{prompts_file}:{lineno}: invalid JSON ({e.msg})") from None
+        if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            prompts.append(obj["prompt"])
+        elif isinstance(obj, str):
+            prompts.append(obj)
+        else:
+            raise DataFormatError(f'{prompts_file}:{lineno}: expected {{"prompt": "..."}} or a JSON string')
+    if not prompts:
+        raise DataFormatError(f"{prompts_file}: no prompts")
+    return prompts
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where the two token lists differ (or one ends), None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _row(i: int, r: GenerationResult) -> list[Any]:
+    acc = " ".join(f"{a:.2f}" for a in r.per_position_acceptance)
+    return [i, len(r.token_ids), f"{r.tau:.2f}", acc, f"{r.tokens_per_s:.1f}", r.finish_reason]
+
+
+def generate(
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    draft: Path = typer.Option(None, "--draft", help="draft directory (config.json, model.safetensors, contract.json); omit for plain decoding"),
+    prompt: str = typer.Option(None, "--prompt", help="one prompt (the chat template is applied)"),
+    prompts_file: Path = typer.Option(None, "--prompts-file", help="one prompt per line, or .jsonl with {\"prompt\": ...}"),
+    num_steps: int = typer.Option(DEFAULT_SPEC.num_steps, "--num-steps", help="= SGLang --speculative-num-steps (tree depth)"),
+    topk: int = typer.Option(DEFAULT_SPEC.topk, "--topk", help="= SGLang --speculative-eagle-topk (1 = chain)"),
+    num_draft_tokens: int = typer.Option(
+        DEFAULT_SPEC.num_draft_tokens, "--num-draft-tokens", help="= SGLang --speculative-num-draft-tokens (nodes incl. root)"
+    ),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
+    seed: int = typer.Option(0, "--seed", help="seed for sampling"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="tokens to generate per prompt at most"),
+    stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable); the text is cut before it"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (target and draft)"),
+    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+    runner: str = typer.Option("auto", "--runner", help="target runtime: auto | fast | hf (full recompute)"),
+    raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
+    check_lossless: bool = typer.Option(
+        False, "--check-lossless", help="also decode without the draft; exit 1 at the first differing token"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Decode prompts with a draft (EAGLE-3 chain or tree); report tau and per-position acceptance.
+
+    Example: eaglewire generate --target smollm2 --draft runs/draft --prompt "Hi!" --check-lossless
+    """
+    if dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
+    if runner not in ("auto", "fast", "hf"):
+        raise ConfigError(f"--runner: expected auto, fast or hf, got {runner!r}")
+    if check_lossless and temperature != 0.0:
+        raise ConfigError(
+            f"--check-lossless compares greedy outputs, but --temperature={temperature}", fix="drop --temperature"
+        )
+    spec = SpecArgs(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    prompts = read_prompts(prompt, prompts_file)
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    decoder = SpeculativeDecoder.load(target, draft, spec=spec, dtype=dtype, device=device, runner=runner)  # type: ignore[arg-type]
+
+    records: list[dict[str, Any]] = []
+    rows, mismatches = [], []
+    for i, text in enumerate(prompts):
+        result = decoder.generate(text, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=not raw)
+        record: dict[str, Any] = {"prompt": text, **result.to_json()}
+        if check_lossless:
+            plain = decoder.generate(text, max_new_tokens=max_new_tokens, stop=stop, chat=not raw, use_draft=False)
+            diff = first_difference(result.token_ids, plain.token_ids)
+            record["lossless"] = diff is None
+            if diff is not None:
+                mismatch = {
+                    "prompt_index": i,
+                    "position": diff,
+                    "speculative": result.token_ids[diff] if diff < len(result.token_ids) else None,
+                    "plain": plain.token_ids[diff] if diff < len(plain.token_ids) else None,
+                    "common_prefix": decoder.tokenizer.decode(result.token_ids[:diff]) if decoder.tokenizer else "",
+                }
+                record["first_difference"] = mismatch
+                mismatches.append(mismatch)
+        records.append(record)
+        rows.append(_row(i, result))
+        if not as_json:
+            typer.echo(f"--- prompt {i}: {text!r}\n{result.text}\n")
+
+    if as_json:
+        print_json({"spec": {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
+                    "results": records})
+    else:
+        print_table("speculative decoding", ["prompt", "tokens", "tau", "acceptance per position", "tok/s", "finish"], rows)
+        if check_lossless and not mismatches:
+            typer.echo(f"lossless: speculative == plain greedy for all {len(prompts)} prompt(s)")
+    for m in mismatches:
+        typer.echo(
+            f"NOT LOSSLESS: prompt {m['prompt_index']} differs at generated token {m['position']}: "
+            f"speculative={m['speculative']} plain={m['plain']} after {m['common_prefix']!r}",
+            err=True,
+        )
+    if mismatches:
+        raise typer.Exit(EXIT_FINDING)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)

@@ -1,0 +1,249 @@
+"""Plain (non-speculative) decoding on a target runner: batch 1 or batched, greedy or sampled.
+
+    tokens = generate_plain(target_or_runner, prompts, max_new_tokens=256)      # list[list[int]]
+    result = generate_plain_with_stats(...)   # + prefill/decode seconds, tokens/s
+
+Prompts of different lengths share a batch: they are right-padded, prefilled (in chunks when the
+batch is large) with each row's logits taken at its own last prompt token, then every row decodes
+at its own positions. Rows that finished keep stepping (their extra tokens are dropped), so the
+loop reads the device only every `check_every` steps to see whether every row is done.
+The returned tokens are the generated ones only (no prompt), ending with the eos token when one
+was produced. Data regeneration calls this with up to 256 prompts per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from eaglewire.errors import ConfigError
+from eaglewire.target.loading import LoadedTarget
+
+log = logging.getLogger(__name__)
+
+PREFILL_TOKEN_BUDGET = 16384  # tokens per prefill forward (B * chunk width)
+DEFAULT_MAX_BATCH = 256
+
+
+@dataclass
+class PlainResult:
+    tokens: list[list[int]]  # generated ids per prompt, in prompt order
+    prompt_tokens: int
+    new_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    forwards: int  # decode forwards run (all batches)
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second, prefill included."""
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """logits [B, V] float32 -> next ids [B]. temperature 0 = argmax; else softmax(logits/T),
+    restricted to the smallest top-p nucleus, sampled by the exponential race (no host sync)."""
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(dim=-1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _commit_first(runner: Any, counts: torch.Tensor, width: int) -> None:
+    if hasattr(runner, "commit_prefix"):
+        runner.commit_prefix(counts)
+    else:
+        B = counts.shape[0]
+        runner.commit(torch.arange(width).expand(B, width), counts)
+
+
+def _prefill(runner: Any, prompts: list[list[int]], budget: int) -> torch.Tensor:
+    """Prefill right-padded prompts; returns each row's logits at its last prompt token [B, V]."""
+    dev = runner.device
+    B = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    T = int(lens.max())
+    ids = torch.zeros(B, T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    width = T if budget >= B * T else max(16, budget // B)
+    last: torch.Tensor | None = None
+    for c0 in range(0, T, width):
+        c1 = min(T, c0 + width)
+        n = c1 - c0
+        pos = (c0 + torch.arange(n)).expand(B, n)
+        at = (lens - 1 - c0).clamp(0, n - 1)
+        out = runner.forward(ids[:, c0:c1].to(dev), pos.to(dev), logits_at=at.to(dev))
+        here = ((lens - 1 >= c0) & (lens - 1 < c1)).to(dev)[:, None]  # [B, 1]
+        logits = out.logits[:, 0]  # [B, V]
+        last = logits if last is None else torch.where(here, logits, last)
+        _commit_first(runner, (lens - c0).clamp(0, n), n)
+    assert last is not None
+    return last
+
+
+def _trim(row: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(row):
+        if t in eos:
+            return row[: i + 1]
+    return row
+
+
+def _generate_batch(
+    runner: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    eos: tuple[int, ...],
+    check_every: int,
+) -> tuple[list[list[int]], float, float, int]:
+    dev = runner.device
+    B = len(prompts)
+    runner.reset(B)
+    _sync(dev)
+    t0 = time.perf_counter()
+    logits = _prefill(runner, prompts, PREFILL_TOKEN_BUDGET)
+    tok = sample_next(logits, temperature, top_p, generator)
+    _sync(dev)
+    t1 = time.perf_counter()
+    out = torch.empty(B, max_new_tokens, dtype=torch.long, device=dev)
+    eos_t = torch.tensor(eos, dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    ones = torch.ones(B, dtype=torch.long)
+    steps = 0
+    for step in range(max_new_tokens):
+        out[:, step] = tok
+        steps = step + 1
+        if eos:
+            done |= torch.isin(tok, eos_t)
+        if step == max_new_tokens - 1 or (eos and steps % check_every == 0 and bool(done.all())):
+            break
+        o = runner.forward(tok[:, None], runner.lengths[:, None])
+        _commit_first(runner, ones, 1)
+        tok = sample_next(o.logits[:, 0], temperature, top_p, generator)
+    rows = out[:, :steps].tolist()
+    _sync(dev)
+    t2 = time.perf_counter()
+    eos_set = set(eos)
+    return [_trim(r, eos_set) for r in rows], t1 - t0, t2 - t1, steps - 1
+
+
+def _as_runner(
+    runner_or_target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, max_batch_size: int
+) -> Any:
+    if not isinstance(runner_or_target, LoadedTarget):
+        return runner_or_target
+    from eaglewire.target.runtime.factory import make_target_runner
+
+    longest = max(len(p) for p in prompts)
+    return make_target_runner(
+        runner_or_target,
+        (),
+        max_batch_size=min(max_batch_size, len(prompts)),
+        max_seq_len=longest + max_new_tokens,
+    )
+
+
+def generate_plain_with_stats(
+    runner_or_target: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
+    *,
+    max_batch_size: int = DEFAULT_MAX_BATCH,
+    check_every: int = 16,
+) -> PlainResult:
+    """Decode every prompt (token ids) up to `max_new_tokens` new tokens or an eos.
+
+    runner_or_target: a TargetRunner (FastTargetRunner/GenericTargetRunner; its max_batch_size and
+    max_seq_len bound the batches) or a LoadedTarget (a runner is built for these prompts).
+    eos_token_ids: None = the runner's/target's own eos ids; () = never stop early.
+    Prompts are batched longest first, `max_batch_size` (or the runner's) at a time."""
+    if not prompts:
+        return PlainResult([], 0, 0, 0.0, 0.0, 0)
+    if any(len(p) == 0 for p in prompts):
+        raise ConfigError("generate_plain: a prompt is empty; every prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise ConfigError(f"generate_plain: max_new_tokens must be >= 1, got {max_new_tokens}")
+    runner = _as_runner(runner_or_target, prompts, max_new_tokens, max_batch_size)
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > runner.max_seq_len:
+        raise ConfigError(
+            f"generate_plain: the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} "
+            f"exceeds the runner's max_seq_len={runner.max_seq_len}",
+            fix="build the runner with a larger max_seq_len, or pass the LoadedTarget instead",
+        )
+    eos = tuple(runner.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    generator = None
+    if temperature > 0.0:
+        generator = torch.Generator(device=runner.device)
+        generator.manual_seed(seed)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    per_batch = min(max_batch_size, runner.max_batch_size)
+    results: list[list[int]] = [[] for _ in prompts]
+    prefill_s = decode_s = 0.0
+    forwards = 0
+    for start in range(0, len(order), per_batch):
+        idx = order[start : start + per_batch]
+        batch = [list(prompts[i]) for i in idx]
+        rows, p_s, d_s, n_fwd = _generate_batch(
+            runner, batch, max_new_tokens, temperature, top_p, generator, eos, check_every
+        )
+        for i, row in zip(idx, rows, strict=True):
+            results[i] = row
+        prefill_s, decode_s, forwards = prefill_s + p_s, decode_s + d_s, forwards + n_fwd
+    new = sum(len(r) for r in results)
+    log.info(
+        "plain decoding: %d prompts, %d new tokens, prefill %.3fs, decode %.3fs (%.1f tok/s)",
+        len(prompts), new, prefill_s, decode_s, new / max(prefill_s + decode_s, 1e-9),
+    )
+    return PlainResult(results, sum(len(p) for p in prompts), new, prefill_s, decode_s, forwards)
+
+
+def generate_plain(
+    runner_or_target: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
+    *,
+    max_batch_size: int = DEFAULT_MAX_BATCH,
+) -> list[list[int]]:
+    """As generate_plain_with_stats, returning the generated token ids per prompt only."""
+    return generate_plain_with_stats(
+        runner_or_target, prompts, max_new_tokens, temperature, top_p, seed, eos_token_ids,
+        max_batch_size=max_batch_size,
+    ).tokens

@@ -1,0 +1,165 @@
+"""`eaglewire export`: write a draft directory SGLang or vLLM loads as is, plus a launch command.
+
+Writes config.json (the engine's layout), model.safetensors (the engine's tensor names),
+contract.json (copied), export.json (what was decided and why) and launch_<engine>.sh.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from safetensors.torch import save_file
+
+from eaglewire.contract.contract import Contract
+from eaglewire.contract.numbering import describe_boundary
+from eaglewire.draft.io import WEIGHTS_FILE, load_draft
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import ConfigError
+from eaglewire.export.keys import ENGINE_NUM_AUX
+from eaglewire.export.launch import (
+    LAUNCH_FILES,
+    render,
+    resolve_spec_args,
+    sglang_command,
+    vllm_command,
+    vllm_speculative_tokens,
+    write_launch_script,
+)
+from eaglewire.export.layout import engine_tensors
+from eaglewire.export.sglang import sglang_config, sglang_layer_ids
+from eaglewire.export.vllm import speculators_config, vllm_layer_ids
+from eaglewire.export.vocab_map import is_identity
+from eaglewire.io_utils import atomic_path, atomic_write_json
+from eaglewire.target.loading import torch_dtype
+
+log = logging.getLogger(__name__)
+
+ExportFormat = Literal["sglang", "vllm"]
+EXPORT_MANIFEST = "export.json"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out: Path
+    format: ExportFormat
+    layer_ids: tuple[int, ...]  # as written in config.json
+    numbering: str  # what the ids mean
+    boundaries: tuple[int, ...]
+    spec: SpecArgs
+    spec_source: str
+    launch_command: str
+    launch_file: Path
+    tensor_names: tuple[str, ...]
+
+
+def _check_servable(contract: Contract, draft_dir: Path) -> None:
+    if contract.num_aux != ENGINE_NUM_AUX:
+        raise ConfigError(
+            f"{draft_dir}: the draft reads {contract.num_aux} aux states (aux_boundaries={list(contract.aux_boundaries)}) "
+            f"but SGLang and vLLM build fc for exactly {ENGINE_NUM_AUX} (target_hidden_size * {ENGINE_NUM_AUX})",
+            fix=f"train a draft with {ENGINE_NUM_AUX} aux boundaries, e.g. the defaults (eaglewire draft init without "
+            "--aux-boundaries)",
+        )
+
+
+def export_draft(
+    draft_dir: Path,
+    fmt: ExportFormat,
+    out: Path,
+    *,
+    sglang_generation: str | None = None,
+    best_setting: Path | None = None,
+    num_steps: int | None = None,
+    topk: int | None = None,
+    num_draft_tokens: int | None = None,
+    target_path: str | None = None,
+    dtype: str | None = None,
+) -> ExportResult:
+    """Export the eaglewire draft in `draft_dir` to `out` in `fmt`. `dtype` defaults to the contract's."""
+    draft_dir, out = Path(draft_dir), Path(out)
+    if fmt not in LAUNCH_FILES:
+        raise ConfigError(f"--format: expected one of {sorted(LAUNCH_FILES)}, got {fmt!r}")
+    if sglang_generation is not None and fmt != "sglang":
+        raise ConfigError(f"--sglang-generation={sglang_generation} given with --format {fmt}: it only applies to sglang")
+    if out.resolve() == draft_dir.resolve():
+        raise ConfigError(f"--out {out} is the draft directory itself", fix="pick a new directory for the export")
+    model, contract = load_draft(draft_dir)
+    _check_servable(contract, draft_dir)
+    cfg = model.config
+    dtype_name = dtype or contract.dtype
+    spec, spec_source = resolve_spec_args(
+        draft_dir=draft_dir, best_setting=best_setting, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens
+    )
+    target = target_path or contract.target.name
+    if not target:
+        target = "TARGET_MODEL_PATH"
+        log.warning("contract.json has no target path: the launch command uses the placeholder %s", target)
+    state = model.state_dict()
+    mapped = not is_identity(state["draft_to_target"], cfg.vocab_size)
+    if fmt == "sglang":
+        ids, numbering = sglang_layer_ids(contract, sglang_generation)
+        config: dict[str, Any] = sglang_config(cfg, ids, dtype=dtype_name)
+        # SGLang reads d2t/t2d whenever present; an identity map is harmless, so always write it.
+        tensors = engine_tensors(state, "sglang", dtype=torch_dtype(dtype_name), with_vocab_map=True, vocab_size=cfg.vocab_size)
+        argv = sglang_command(target, out.resolve(), spec, dtype=dtype_name)
+    else:
+        ids, numbering = vllm_layer_ids(contract), "boundary (vLLM / speculators)"
+        config = speculators_config(
+            cfg,
+            ids,
+            dtype=dtype_name,
+            speculative_tokens=vllm_speculative_tokens(spec),
+            verifier_name_or_path=target,
+            verifier_architecture=contract.target.architecture,
+        )
+        # speculators carries d2t/t2d only when Vd != V; vLLM then defaults to the identity.
+        tensors = engine_tensors(state, "vllm", dtype=torch_dtype(dtype_name), with_vocab_map=mapped, vocab_size=cfg.vocab_size)
+        argv = vllm_command(target, out.resolve(), spec, dtype=dtype_name)
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / CONFIG_FILE, config)
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", "producer": "eaglewire", "layout": fmt})
+    contract.save(out)
+    L = contract.target.num_layers
+    comments = [
+        f"eaglewire export --format {fmt} of {draft_dir}",
+        f"target: {contract.target.architecture}, L={L}; aux boundaries {list(contract.aux_boundaries)} written as "
+        f"ids {list(ids)} ({numbering})",
+        *(f"  boundary {b}: {describe_boundary(b, L)}" for b in contract.aux_boundaries),
+        f"speculative arguments from: {spec_source}",
+    ]
+    launch_file = write_launch_script(out / LAUNCH_FILES[fmt], argv, comments)
+    atomic_write_json(
+        out / EXPORT_MANIFEST,
+        {
+            "format": fmt,
+            "source_draft": str(draft_dir.resolve()),
+            "layer_ids": list(ids),
+            "numbering": numbering,
+            "sglang_generation": sglang_generation,
+            "aux_boundaries": list(contract.aux_boundaries),
+            "speculative": {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
+            "speculative_source": spec_source,
+            "dtype": dtype_name,
+            "vocab_map": "identity" if not mapped else f"{cfg.draft_vocab_size} of {cfg.vocab_size} target ids",
+            "launch_command": render(argv),
+        },
+    )
+    log.info("exported %s draft to %s (%d tensors)", fmt, out, len(tensors))
+    return ExportResult(
+        out=out,
+        format=fmt,
+        layer_ids=tuple(ids),
+        numbering=numbering,
+        boundaries=contract.aux_boundaries,
+        spec=spec,
+        spec_source=spec_source,
+        launch_command=render(argv),
+        launch_file=launch_file,
+        tensor_names=tuple(sorted(tensors)),
+    )

@@ -1,0 +1,224 @@
+"""`eaglewire import`: an SGLang, vLLM/speculators or EAGLE-official draft -> an eaglewire draft with a contract.
+
+The ids' numbering comes from the format (vLLM/speculators: boundaries; EAGLE: hard-coded
+defaults), is stated by the user (`numbering=`), is read from our own export.json, or is
+inferred only when both SGLang generations read the ids alike. The new contract is built on
+the live target (identity hashes + fingerprint). Only safetensors are read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.contract.contract import CONTRACT_FILE, Contract, require_same_wiring
+from eaglewire.contract.numbering import (
+    SGLANG_ANY,
+    SGLANG_GENERATION_HELP,
+    Numbering,
+    parse_numbering,
+    read_sglang_both,
+    to_boundaries,
+)
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.io import save_draft
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import BoundaryError, CheckpointError, ConfigError, expected_actual
+from eaglewire.export.eagle import read_eagle
+from eaglewire.export.engine_config import ForeignDraft
+from eaglewire.export.exporting import CONFIG_FILE, EXPORT_MANIFEST
+from eaglewire.export.keys import (
+    D2T,
+    EAGLEWIRE_VOCAB_BUFFER,
+    EMBED,
+    FORMATS,
+    IGNORED_ON_IMPORT,
+    LAYER_PREFIX,
+    SGLANG_OPTIONAL_PREFIX,
+    T2D,
+    EngineFormat,
+    required_tensors,
+)
+from eaglewire.export.layout import engine_to_eaglewire_names, read_weights
+from eaglewire.export.sglang import read_sglang
+from eaglewire.export.vllm import read_speculators
+from eaglewire.export.vocab_map import offsets_to_absolute
+from eaglewire.target.architectures import target_parts
+from eaglewire.target.identity import build_contract
+from eaglewire.target.loading import LoadedTarget
+from eaglewire.typed_config import read_json_file
+
+log = logging.getLogger(__name__)
+
+READERS = {"sglang": read_sglang, "vllm": read_speculators, "eagle": read_eagle}
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    out: Path
+    format: EngineFormat
+    layer_ids: tuple[int, ...] | None  # as written in the source (None: the engine's defaults)
+    boundaries: tuple[int, ...]
+    numbering: str
+    numbering_from: str  # "format" | "stated" | "export.json" | "inferred (...)"
+    contract: Contract
+    notes: tuple[str, ...]
+
+
+def _manifest_generation(src: Path, ids: tuple[int, ...]) -> Numbering | None:
+    path = src / EXPORT_MANIFEST
+    if not path.exists():
+        return None
+    manifest = read_json_file(path)
+    gen = manifest.get("sglang_generation") if isinstance(manifest, dict) else None
+    if gen is None or manifest.get("layer_ids") != list(ids):
+        return None
+    return parse_numbering(f"sglang-{gen}")
+
+
+def resolve_boundaries(
+    foreign: ForeignDraft, num_layers: int, *, stated: str | None, src: Path
+) -> tuple[tuple[int, ...], str, str]:
+    """(boundaries, numbering name, where the numbering came from)."""
+    ids, L = foreign.layer_ids, num_layers
+    if stated is not None and stated != SGLANG_ANY:
+        numbering = parse_numbering(stated)
+        if foreign.fmt == "eagle" and numbering is not Numbering.EAGLE:
+            raise ConfigError(f"--numbering {stated} with --format eagle: EAGLE's code takes no ids (numbering 'eagle')")
+        if foreign.format_numbering is not None and numbering is not foreign.format_numbering:
+            log.warning("the %s format means %s; using the stated %s", foreign.fmt, foreign.format_numbering.value, stated)
+        return to_boundaries(ids, numbering, L), numbering.value, "stated"
+    if foreign.format_numbering is not None:
+        return to_boundaries(ids, foreign.format_numbering, L), foreign.format_numbering.value, "format"
+    if ids is None:  # SGLang without ids captures its defaults in either generation
+        return to_boundaries(None, Numbering.SGLANG_LEGACY, L), "sglang (no ids: engine defaults)", "format"
+    from_manifest = _manifest_generation(src, ids)
+    if from_manifest is not None:
+        return to_boundaries(ids, from_manifest, L), from_manifest.value, EXPORT_MANIFEST
+    reading = read_sglang_both(ids, L)
+    if not reading.ambiguous and reading.legacy is not None:
+        return reading.legacy, "sglang (both generations agree)", "inferred (unambiguous)"
+    legacy = list(reading.legacy) if reading.legacy is not None else reading.legacy_error
+    pr = list(reading.pr25454) if reading.pr25454 is not None else reading.pr25454_error
+    raise BoundaryError(
+        f"SGLang ids {list(ids)}: releases before PR #25454 read boundaries {legacy}, releases with it read {pr} "
+        f"({SGLANG_GENERATION_HELP})",
+        fix="state the numbering the draft was trained for: --numbering sglang-legacy or --numbering sglang-pr25454",
+    )
+
+
+def _normalise_names(tensors: dict[str, torch.Tensor], fmt: EngineFormat, where: str) -> dict[str, torch.Tensor]:
+    """Names as the engine's loader resolves them (SGLang strips `model.`, vLLM renames `midlayer.`)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        new = name
+        if name.startswith(SGLANG_OPTIONAL_PREFIX):
+            if fmt == "vllm":
+                raise CheckpointError(
+                    f"{where}: tensor {name!r}: vLLM's loader adds the 'model.' prefix itself and would not find it",
+                    fix="save the tensors without the 'model.' prefix",
+                )
+            new = name[len(SGLANG_OPTIONAL_PREFIX) :]
+        if fmt == "vllm" and new.startswith(LAYER_PREFIX["sglang"]):
+            new = LAYER_PREFIX["vllm"] + new[len(LAYER_PREFIX["sglang"]) :]
+        if new in out:
+            raise CheckpointError(f"{where}: tensor {new!r} given twice (with and without a prefix)")
+        out[new] = t
+    return out
+
+
+def engine_state_dict(
+    tensors: dict[str, torch.Tensor], fmt: EngineFormat, model: Eagle3Draft, target: LoadedTarget, where: str
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Map and check engine tensors against `model`'s shapes; every problem is named in one error."""
+    tensors = _normalise_names(tensors, fmt, where)
+    expected = model.state_dict()
+    names = engine_to_eaglewire_names(fmt)
+    cfg = model.config
+    problems, notes = [], []
+    missing = sorted(required_tensors(fmt) - set(tensors))
+    for name in missing:
+        problems.append(f"tensor {name!r} missing (expected shape {tuple(expected[names[name]].shape)})")
+    unknown = sorted(set(tensors) - set(names) - {D2T, T2D} - IGNORED_ON_IMPORT)
+    if unknown:
+        problems.append(f"unexpected tensors {unknown} (no eaglewire parameter; a second layer or another variant?)")
+    state: dict[str, torch.Tensor] = {}
+    for foreign, ours in names.items():
+        if foreign not in tensors:
+            continue
+        want, got = tuple(expected[ours].shape), tuple(tensors[foreign].shape)
+        if want != got:
+            why = f" = [H, A*Ht] = [{cfg.hidden_size}, {cfg.num_aux}*{cfg.target_hidden_size}]" if ours == "fc.weight" else ""
+            problems.append(f"tensor {foreign!r}: expected shape {want}{why}, got {got}")
+        state[ours] = tensors[foreign].float()
+    if EMBED not in tensors:
+        if cfg.hidden_size != target.hidden_size:
+            problems.append(f"tensor {EMBED!r} missing and draft hidden {cfg.hidden_size} != target hidden {target.hidden_size}")
+        else:
+            state[EMBED] = target_parts(target.model).embed_tokens.weight.detach().float().cpu().clone()
+            notes.append(f"{EMBED} absent: copied from the target (what the engines do)")
+    if problems:
+        raise CheckpointError(f"{where}: tensors do not fit the draft config.json describes:\n  " + "\n  ".join(problems))
+    state[EAGLEWIRE_VOCAB_BUFFER] = offsets_to_absolute(
+        tensors.get(D2T), tensors.get(T2D), vocab_size=cfg.vocab_size, draft_vocab_size=cfg.draft_vocab_size, where=where
+    )
+    return state, notes
+
+
+def _check_against_target(layer: dict[str, Any], target: LoadedTarget, where: str) -> None:
+    problems = []
+    if layer["vocab_size"] != target.vocab_size:
+        problems.append(expected_actual("vocab_size (the target's V)", target.vocab_size, layer["vocab_size"]))
+    if layer["target_hidden_size"] != target.hidden_size:
+        problems.append(expected_actual("target_hidden_size (the target's Ht)", target.hidden_size, layer["target_hidden_size"]))
+    if problems:
+        raise ConfigError(
+            f"{where}: the draft was not built for this target ({target.architecture} at {target.path}):\n  "
+            + "\n  ".join(problems),
+            fix="pass the target the draft was trained for (--target)",
+        )
+
+
+def import_draft(
+    fmt: EngineFormat, src: Path, target: LoadedTarget, out: Path, *, numbering: str | None = None
+) -> ImportResult:
+    """Read an engine-format draft from `src`, check it against `target`, save an eaglewire draft to `out`."""
+    src, out = Path(src), Path(out)
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: expected one of {list(FORMATS)}, got {fmt!r}")
+    if out.exists() and out.resolve() == src.resolve():
+        raise ConfigError(f"--out {out} is the source directory", fix="pick a new directory")
+    cfg_path = src / CONFIG_FILE
+    config = read_json_file(cfg_path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{cfg_path}: expected a JSON object")
+    foreign = READERS[fmt](config, str(cfg_path))
+    _check_against_target(foreign.layer, target, str(cfg_path))
+    tensors = read_weights(src)
+    boundaries, numbering_name, how = resolve_boundaries(foreign, target.num_layers, stated=numbering, src=src)
+    draft_cfg = DraftConfig(**foreign.layer, num_aux=len(boundaries))
+    model = Eagle3Draft(draft_cfg)
+    state, notes = engine_state_dict(tensors, fmt, model, target, str(src))
+    model.load_state_dict(state)
+    contract = build_contract(target, boundaries)
+    if (src / CONTRACT_FILE).exists():
+        require_same_wiring(Contract.load(src), contract, names=(f"{src / CONTRACT_FILE}", "the imported draft on this target"))
+    save_draft(model, contract, out)
+    all_notes = (*foreign.notes, *notes)
+    for n in all_notes:
+        log.info("%s", n)
+    log.info("imported %s draft from %s: boundaries %s (%s, from %s)", fmt, src, list(boundaries), numbering_name, how)
+    return ImportResult(
+        out=out,
+        format=fmt,
+        layer_ids=foreign.layer_ids,
+        boundaries=boundaries,
+        numbering=numbering_name,
+        numbering_from=how,
+        contract=contract,
+        notes=all_notes,
+    )

@@ -1,0 +1,352 @@
+"""The training loop: contract check, planning, TTT steps, evaluation, checkpoints, resume.
+
+Loss scaling (why N processes equal one process with N times the batch): each step's loss is
+the sum of per-row losses divided by the number of valid rows of that step over *all* micro-
+batches of the optimizer step on *all* processes (all-reduced before any backward), times the
+step weight; DDP/FSDP then average gradients over processes, which the loss pre-multiplies by
+the world size to undo. The update is therefore the token-level mean over the global batch,
+however it is split into processes and accumulation micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from eaglewire.contract.contract import Contract, contract_diff
+from eaglewire.draft.io import check_draft_matches_contract, save_draft
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import CheckpointError, ConfigError, ContractMismatchError, TrainingError
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_rows, record_lengths, split_for_rank
+from eaglewire.train.batches import epoch_order as make_epoch_order
+from eaglewire.train.checkpoint import Checkpoint, find_latest, load_checkpoint, restore_rng, save_checkpoint
+from eaglewire.train.config import TrainConfig, config_diff
+from eaglewire.train.distributed import (
+    DistContext,
+    all_gather_objects,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    set_gradient_sync,
+    wrap_model,
+)
+from eaglewire.train.evaluate import EvalResult, eval_rows, evaluate_model
+from eaglewire.train.loss import StepCounts
+from eaglewire.train.objective import TTTObjective
+from eaglewire.train.reporting import MetricsSink, Progress
+from eaglewire.train.schedule import build_optimizer, lr_at, set_lr, trainable_parameters
+from eaglewire.train.target_side import TargetSide, TrainInputs
+from eaglewire.train.ttt import step_valid
+
+log = logging.getLogger(__name__)
+
+DRAFT_DIR = "draft"
+SUMMARY_FILE = "train_summary.json"
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    draft_dir: Path
+    optimizer_steps: int
+    train: dict[str, Any]  # last optimizer step's metrics
+    eval: dict[str, Any] | None  # final held-out metrics
+    tokens: int
+    tokens_per_s: float
+
+
+def check_data_contract(draft_contract: Contract, data_contract: Contract) -> None:
+    """Stop before step 1 when the data's hidden states are not the ones the draft is wired for."""
+    diffs = contract_diff(draft_contract, data_contract, names=("draft", "data"))
+    if diffs:
+        both = ["draft contract:", *(f"    {x}" for x in draft_contract.describe()),
+                "data contract:", *(f"    {x}" for x in data_contract.describe())]
+        raise ContractMismatchError(
+            "the training data does not carry the hidden states the draft is wired for:\n  "
+            + "\n  ".join(diffs) + "\n  " + "\n  ".join(both),
+            fix="capture the data from the same target with the draft's aux boundaries, or init the draft from the data's contract",
+        )
+
+
+def autocast_for(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
+    if bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def plan_groups(lengths: list[int], config: TrainConfig, *, epoch: int, world_size: int) -> list[list[Row]]:
+    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows)."""
+    rows = plan_rows(lengths, make_epoch_order(len(lengths), seed=config.seed, epoch=epoch),
+                     max_length=config.max_length, pack=config.pack)
+    size = world_size * config.grad_accum_steps * config.batch_size
+    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
+    if world_size > 1 and groups and len(groups[-1]) < size:
+        log.info("epoch %d: dropping the last %d rows (an incomplete step across %d processes)", epoch, len(groups[-1]), world_size)
+        groups.pop()
+    return groups
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        draft: Eagle3Draft,
+        draft_contract: Contract,
+        data: RecordSource[Any],
+        target_side: TargetSide,
+        *,
+        out_dir: Path,
+        eval_data: RecordSource[Any] | None,
+        resume: bool,
+        ctx: DistContext,
+    ) -> None:
+        self.cfg, self.data, self.target_side, self.ctx = config, data, target_side, ctx
+        self.out_dir, self.eval_data, self.contract = Path(out_dir), eval_data, draft_contract
+        check_draft_matches_contract(draft.config, draft_contract)
+        check_data_contract(draft_contract, target_side.data_contract)
+        target_side.verify(draft_contract)
+        ckpt = self._resume_or_start(resume)
+        self.weights = config.step_weights()
+        self.lengths = record_lengths(data)
+        self.plans = [plan_groups(self.lengths, config, epoch=e, world_size=ctx.world_size) for e in range(config.epochs)]
+        total = sum(len(p) for p in self.plans)
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        if self.total_steps == 0:
+            raise ConfigError(f"no optimizer steps: {len(self.lengths)} records make no complete step "
+                              f"(batch_size={config.batch_size}, grad_accum_steps={config.grad_accum_steps}, processes={ctx.world_size})")
+        draft.to(ctx.device).train()
+        draft.embed_tokens.weight.requires_grad_(config.train_embeddings)
+        if ckpt is not None:
+            draft.load_state_dict(ckpt.model_state)
+        self.draft = draft
+        self.model = wrap_model(TTTObjective(draft, config.ttt_steps, config.loss), ctx, config.parallel)
+        self.params = trainable_parameters(self.model)
+        self.optimizer = build_optimizer(self.model, config)
+        self.step, self.epoch, self.group, self.tokens_seen = 0, 0, 0, 0
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.autocast = autocast_for(config, ctx.device)
+        self.sink = MetricsSink(self.out_dir, enabled=ctx.is_main, tensorboard=config.tensorboard,
+                                resume_step=self.step if ckpt is not None else None)
+        self.last_checkpoint_step = self.step if ckpt is not None else -1
+
+    # --- setup ---
+    def _resume_or_start(self, resume: bool) -> Checkpoint | None:
+        latest = find_latest(self.out_dir) if self.out_dir.exists() else None
+        if not resume:
+            if latest is not None:
+                raise ConfigError(f"{self.out_dir} already holds a training run (latest: {latest})",
+                                  fix="pass --resume to continue it, or choose another --out")
+            if self.ctx.is_main:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                self.cfg.save(self.out_dir)
+            barrier(self.ctx)
+            return None
+        if latest is None:
+            raise CheckpointError(f"--resume: {self.out_dir} has no checkpoint (latest.json)", fix="drop --resume to start a new run")
+        stored = TrainConfig.load(self.out_dir)
+        diffs = config_diff(stored, self.cfg, names=("stored", "given"))
+        if diffs:
+            raise ConfigError("--resume: the training config differs from the run's:\n  " + "\n  ".join(diffs),
+                              fix="resume with the run's own settings (train_config.json in the run directory)")
+        return load_checkpoint(latest)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        st = ckpt.trainer_state
+        rows_per_step = self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size
+        if st["rows_per_step"] != rows_per_step:
+            raise TrainingError(
+                f"{ckpt.path}: saved with {st['rows_per_step']} rows per optimizer step, this launch has {rows_per_step} "
+                f"({self.ctx.world_size} processes x grad_accum_steps x batch_size); the data position would not line up",
+                fix="resume with the same number of processes, or scale batch_size to keep the product",
+            )
+        set_optimizer_state_dict(self.model, self.optimizer, ckpt.optimizer_state, options=StateDictOptions(full_state_dict=True))
+        restore_rng(ckpt.rng_tensors, st["rng"])
+        self.step, self.epoch, self.group, self.tokens_seen = st["optimizer_step"], st["epoch"], st["group"], st["tokens_seen"]
+        log.info("resumed from %s at optimizer step %d (epoch %d, group %d)", ckpt.path, self.step, self.epoch, self.group)
+
+    # --- one optimizer step ---
+    def _normalizers(self, inputs: list[TrainInputs]) -> torch.Tensor:
+        """[S] global valid-row counts per step, all-reduced over processes."""
+        n = torch.zeros(self.cfg.ttt_steps, dtype=torch.float64, device=self.ctx.device)
+        for inp in inputs:
+            b = inp.batch
+            for s in range(self.cfg.ttt_steps):
+                n[s] += step_valid(b.doc_ids, b.loss_mask, s).sum()
+        return all_reduce_sum(n, self.ctx)
+
+    def _train_step(self, group: list[Row]) -> tuple[dict[str, Any], float, int]:
+        cfg, ctx = self.cfg, self.ctx
+        micro = split_for_rank(group, rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size,
+                               accum=cfg.grad_accum_steps)
+        inputs = [self.target_side.prepare(rows, fetch_rows(self.data, rows), ctx.device) for rows in micro]
+        n_valid = self._normalizers(inputs)
+        w = torch.tensor(self.weights, dtype=torch.float64, device=ctx.device)
+        scale = torch.where(n_valid > 0, w * ctx.world_size / n_valid.clamp_min(1), torch.zeros_like(w)).float()
+        counts = StepCounts(cfg.ttt_steps, device=ctx.device)
+        bad: list[str] = []
+        for i, inp in enumerate(inputs):
+            with set_gradient_sync(self.model, i == len(inputs) - 1):
+                with self.autocast:
+                    out = self.model(inp)
+                loss = (out.loss_sums.float() * scale).sum()
+                if not bool(torch.isfinite(loss)):
+                    bad.extend(inp.batch.record_ids)
+                loss.backward()
+            counts.table += out.counts
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        flags = torch.tensor([float(bool(bad)), float(not bool(torch.isfinite(norm)))], device=ctx.device)
+        all_reduce_max(flags, ctx)
+        if bool(flags.any()):
+            self._raise_non_finite(bad, micro, float(norm))
+        set_lr(self.optimizer, lr_at(self.step, self.total_steps, cfg))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        all_reduce_sum(counts.table, ctx)
+        tokens = torch.tensor(float(sum(inp.batch.num_tokens for inp in inputs)), device=ctx.device)
+        return counts.summary(self.weights), float(norm), int(all_reduce_sum(tokens, ctx))
+
+    def _raise_non_finite(self, bad: list[str], micro: list[list[Row]], norm: float) -> None:
+        gathered = all_gather_objects(bad, self.ctx)
+        named = [rid for part in gathered for rid in part]
+        where = f"optimizer step {self.step + 1} (epoch {self.epoch}, batch {self.group} of the epoch)"
+        if named:
+            msg = f"non-finite loss at {where}; records in the offending micro-batch(es): {named}"
+        else:
+            ids = [str(self.data[s.record].record_id) for rows in micro for row in rows for s in row]
+            msg = f"non-finite gradient norm ({norm}) at {where}; records of this step on rank {self.ctx.rank}: {ids}"
+        raise TrainingError(msg, fix="inspect those records' hidden states (inf/NaN?) or lower learning_rate")
+
+    # --- evaluation, checkpoints ---
+    def evaluate(self) -> EvalResult | None:
+        if self.eval_data is None or len(self.eval_data) == 0:
+            return None
+        rows = eval_rows(self.eval_data, max_length=self.cfg.max_length, pack=self.cfg.pack, max_records=self.cfg.eval_max_records)
+        return evaluate_model(self.model, self.target_side, self.eval_data, rows, ctx=self.ctx, batch_size=self.cfg.batch_size,
+                              num_steps=self.cfg.ttt_steps, step_weights=self.weights, autocast=self.autocast, with_ranks=False)
+
+    def checkpoint(self) -> None:
+        model_state = get_model_state_dict(self.model, options=_FULL)
+        optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
+        if self.ctx.is_main:
+            state = {k.removeprefix("draft."): v for k, v in model_state.items()}
+            save_checkpoint(
+                self.out_dir, step=self.step, model_state=state, draft_config=self.draft.config, contract=self.contract,
+                optimizer_state=optim_state, keep=self.cfg.keep_checkpoints,
+                trainer_state={"optimizer_step": self.step, "epoch": self.epoch, "group": self.group,
+                               "tokens_seen": self.tokens_seen, "total_steps": self.total_steps,
+                               "rows_per_step": self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size,
+                               "world_size": self.ctx.world_size, "scheduler": {"kind": "warmup_cosine", "step": self.step}},
+            )
+        self.last_checkpoint_step = self.step
+        barrier(self.ctx)
+
+    # --- the run ---
+    def run(self, *, stop_after_steps: int | None, progress: bool) -> TrainResult:
+        cfg = self.cfg
+        bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main)
+        last: dict[str, Any] = {}
+        tokens_run, time_run = 0, 0.0
+        try:
+            while self.step < self.total_steps and self.epoch < cfg.epochs:
+                groups = self.plans[self.epoch]
+                if self.group >= len(groups):
+                    self.epoch, self.group = self.epoch + 1, 0
+                    continue
+                t0 = time.perf_counter()
+                summary, norm, tokens = self._train_step(groups[self.group])
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.synchronize(self.ctx.device)
+                dt = time.perf_counter() - t0
+                self.step, self.group, self.tokens_seen = self.step + 1, self.group + 1, self.tokens_seen + tokens
+                tokens_run, time_run = tokens_run + tokens, time_run + dt
+                last = {**summary, "lr": lr_at(self.step - 1, self.total_steps, cfg), "grad_norm": norm,
+                        "tokens": tokens, "tokens_per_s": tokens / dt if dt > 0 else 0.0}
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    self.sink.write({"split": "train", "step": self.step, "epoch": self.epoch, **last})
+                bar.update(summary, tokens_run / time_run if time_run > 0 else 0.0)
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+                    self._write_eval(self.evaluate())
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.checkpoint()
+                if stop_after_steps is not None and self.step >= stop_after_steps and self.step < self.total_steps:
+                    log.info("stopping after optimizer step %d as asked (no final checkpoint)", self.step)
+                    return self._result(last, None, tokens_run, time_run, final=False)
+        finally:
+            bar.close()
+        if self.last_checkpoint_step != self.step:
+            self.checkpoint()
+        final_eval = self.evaluate()
+        self._write_eval(final_eval)
+        return self._result(last, final_eval, tokens_run, time_run, final=True)
+
+    def _write_eval(self, result: EvalResult | None) -> None:
+        if result is not None:
+            self.sink.write({"split": "eval", "step": self.step, "epoch": self.epoch, **result.summary()})
+
+    def _result(self, last: dict[str, Any], final_eval: EvalResult | None, tokens: int, seconds: float, *, final: bool) -> TrainResult:
+        draft_dir = self.out_dir / DRAFT_DIR
+        eval_summary = final_eval.summary() if final_eval is not None else None
+        tps = tokens / seconds if seconds > 0 else 0.0
+        if final and self.ctx.is_main:
+            save_draft(self.draft_cpu_copy(), self.contract, draft_dir)
+            atomic_write_json(self.out_dir / "train_summary.json", {
+                "optimizer_steps": self.step, "tokens_seen": self.tokens_seen, "tokens_per_s": tps,
+                "train": last, "eval": eval_summary, "draft": str(draft_dir)})
+        barrier(self.ctx)
+        self.sink.close()
+        return TrainResult(self.out_dir, draft_dir, self.step, last, eval_summary, tokens, tps)
+
+    def draft_cpu_copy(self) -> Eagle3Draft:
+        """The trained draft as a plain float32 CPU module (gathers FSDP shards)."""
+        state = {k.removeprefix("draft."): v for k, v in get_model_state_dict(self.model, options=_FULL).items()}
+        copy = Eagle3Draft(self.draft.config)
+        copy.load_state_dict(state)
+        return copy
+
+
+def train(
+    config: TrainConfig,
+    draft: Eagle3Draft,
+    draft_contract: Contract,
+    data: RecordSource[Any],
+    target_side: TargetSide,
+    *,
+    out_dir: Path,
+    eval_data: RecordSource[Any] | None = None,
+    resume: bool = False,
+    stop_after_steps: int | None = None,
+    progress: bool = True,
+    ctx: DistContext | None = None,
+) -> TrainResult:
+    """Train `draft` (modified in place) on `data`; everything lands in `out_dir`.
+
+    data: records (TokenizedRecord for an OnlineTarget, CapturedRecord for an OfflineTarget);
+    eval_data: held-out records of the same kind, evaluated every `config.eval_every` steps and at
+    the end. `stop_after_steps` returns early *without* a final checkpoint (as an interrupted run
+    would); `resume=True` continues from `out_dir/latest.json`.
+    """
+    ctx = ctx or init_distributed()
+    trainer = Trainer(config, draft, draft_contract, data, target_side, out_dir=Path(out_dir), eval_data=eval_data,
+                      resume=resume, ctx=ctx)
+    return trainer.run(stop_after_steps=stop_after_steps, progress=progress)

@@ -1,0 +1,48 @@
+"""Dataset build: counts for truncation, skips and source reading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eaglewire.data.build import build_dataset, load_source
+from eaglewire.data.formats import Conversation, Message
+from eaglewire.errors import DataFormatError
+from tests.helpers.tiny import tiny_tokenizer
+
+
+def test_truncation_and_no_loss_tokens_are_counted() -> None:
+    long_user = "Hello! How are you today? " * 10
+    convs = [
+        Conversation("short", (Message("user", "Hello!"), Message("assistant", "I am fine, thank you."))),
+        Conversation("long-answer", (Message("user", "Hello!"), Message("assistant", "I am fine, thank you. " * 10))),
+        Conversation("answer-cut-off", (Message("user", long_user), Message("assistant", "I am fine."))),
+    ]
+    ds, stats = build_dataset(convs, tiny_tokenizer(), max_length=30, show_progress=False)
+    assert ds.record_ids == ["short", "long-answer"]
+    assert stats.truncated_records == 1 and stats.truncated_tokens > 0 and stats.skipped_no_loss_tokens == 1
+    assert int(ds.lengths().max()) == 30
+    assert ds.meta["build_stats"]["truncated_records"] == 1 and ds.meta["special_ids"] == [0, 1, 2]
+    assert ds.meta["tokenizer_vocab_size"] == 384 and len(ds.meta["tokenizer_hash"]) == 64
+
+
+def test_template_failure_is_named_or_skipped() -> None:
+    tok = tiny_tokenizer()
+    bad_template = "{{ raise_exception('roles must alternate') }}"
+    convs = [Conversation("r1", (Message("user", "hi"), Message("assistant", "yo")))]
+    with pytest.raises(DataFormatError, match="r1: the chat template failed to render"):
+        build_dataset(convs, tok, chat_template=bad_template, show_progress=False)
+    with pytest.raises(DataFormatError, match="no conversation produced a record"):
+        build_dataset(convs, tok, chat_template=bad_template, skip_bad=True, show_progress=False)
+
+
+def test_load_source_file_and_builtin(tmp_path: Path) -> None:
+    p = tmp_path / "f.jsonl"
+    p.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"messages": [{"role": "user", "content": "q"},
+                                                                               {"role": "assistant", "content": "a"}]}) + "\n")
+    convs, stats = load_source(str(p), require_assistant=True)
+    assert len(convs) == 1 and stats.skipped_no_assistant == 1
+    convs, stats = load_source("builtin:humaneval", split="eval", require_assistant=True, limit=3)
+    assert [c.record_id for c in convs] == ["humaneval:HumanEval/0", "humaneval:HumanEval/5", "humaneval:HumanEval/10"]

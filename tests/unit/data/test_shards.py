@@ -1,0 +1,116 @@
+"""Offline capture into shards: values, manifest, resume, checksum failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglewire.contract.contract import Contract
+from eaglewire.contract.fingerprint import StateKey
+from eaglewire.data.build import build_dataset
+from eaglewire.data.capture import capture_dataset, estimate_storage
+from eaglewire.data.formats import Conversation, Message
+from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.shards import MANIFEST_FILE, ShardDataset, shard_file_name
+from eaglewire.errors import ContractMismatchError, DataFormatError
+from eaglewire.target.capture import capture_all
+from tests.helpers.tiny import make_tiny_target, tiny_tokenizer
+
+WORDS = "the quick brown fox jumps over the lazy dog and then some more numbers 1 2 3".split()
+
+
+def convs(n: int) -> list[Conversation]:
+    return [
+        Conversation(
+            f"c{i}",
+            (Message("user", " ".join(WORDS[: 3 + i % 7])), Message("assistant", " ".join(WORDS[i % 5 : 6 + i % 9]))),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def target():  # type: ignore[no-untyped-def]
+    return make_tiny_target("llama", num_layers=8)
+
+
+@pytest.fixture(scope="module")
+def dataset() -> TokenizedDataset:
+    return build_dataset(convs(11), tiny_tokenizer(), max_length=64, show_progress=False)[0]
+
+
+def test_capture_values_manifest_and_reader(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "shards"
+    stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=3, show_progress=False)
+    assert stats.shards_written == 3 and stats.records == 11 and stats.tokens == dataset.num_tokens
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["complete"] and manifest["num_records"] == 11 and manifest["num_tokens"] == dataset.num_tokens
+    assert [s["records"] for s in manifest["shards"]] == [4, 4, 3]
+    assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in manifest["shards"])
+    contract = Contract.load(out)
+    assert contract.aux_boundaries == (2, 4, 5)  # L=8: 2, L//2, L-3
+    assert contract.fingerprint is not None
+    assert estimate_storage(dataset.num_tokens, contract) == pytest.approx(stats.written_bytes, rel=0.1)
+
+    shards = ShardDataset(out)
+    assert len(shards) == 11 and shards.record_ids() == dataset.record_ids
+    Ht = target.hidden_size
+    for i in (0, 5, 10):
+        r = shards[i]
+        assert r.record_id == dataset.record_ids[i]
+        assert torch.equal(r.input_ids, dataset[i].input_ids) and torch.equal(r.loss_mask, dataset[i].loss_mask)
+        ref = capture_all(target.model, r.input_ids[None])  # unpadded, alone
+        for a, b in enumerate(contract.aux_boundaries):
+            torch.testing.assert_close(r.aux[:, a * Ht : (a + 1) * Ht], ref[StateKey(b)][0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(r.final, ref[StateKey(target.num_layers)][0], atol=1e-5, rtol=1e-4)
+
+
+def test_resume_after_interruption(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "shards"
+    capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    reference = {i: ShardDataset(out)[i] for i in range(len(dataset))}
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    # simulate a kill after the first shard: manifest lists one shard, later shard files are gone/partial
+    manifest["shards"] = manifest["shards"][:1]
+    manifest["complete"] = False
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (out / shard_file_name(2)).unlink()
+    with pytest.raises(DataFormatError, match="capture incomplete"):
+        ShardDataset(out)
+    first_mtime = (out / shard_file_name(0)).stat().st_mtime_ns
+    stats = capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    assert stats.shards_resumed == 1 and stats.shards_written == 2
+    assert (out / shard_file_name(0)).stat().st_mtime_ns == first_mtime  # not rewritten
+    shards = ShardDataset(out, verify="eager")
+    for i, r in reference.items():
+        assert torch.equal(shards[i].aux, r.aux) and shards[i].record_id == r.record_id
+    with pytest.raises(DataFormatError, match="holds shards of another capture"):
+        capture_dataset(target, dataset, out, shard_records=5, show_progress=False)
+    with pytest.raises(ContractMismatchError, match="aux_boundaries"):
+        capture_dataset(target, dataset, out, shard_records=4, aux_boundaries=[1, 2, 3], show_progress=False)
+
+
+def test_checksum_failure_names_the_shard(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "shards"
+    capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    bad = out / shard_file_name(1)
+    data = bytearray(bad.read_bytes())
+    data[-5] ^= 0xFF  # flip bits inside the tensor payload
+    bad.write_bytes(bytes(data))
+    shards = ShardDataset(out)
+    shards[0]  # shard 0 is fine
+    with pytest.raises(DataFormatError, match=r"shard .*shard_00001\.safetensors: sha256 mismatch"):
+        shards[5]
+    with pytest.raises(DataFormatError, match=r"shard_00001\.safetensors"):
+        ShardDataset(out, verify="eager")
+
+
+def test_capture_refuses_other_tokenizer(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]
+    other = TokenizedDataset(
+        dataset.record_ids, dataset.input_ids, dataset.loss_mask, dataset.offsets, {**dataset.meta, "tokenizer_hash": "x" * 64}
+    )
+    with pytest.raises(ContractMismatchError, match="another tokenizer"):
+        capture_dataset(target, other, tmp_path / "s", show_progress=False)

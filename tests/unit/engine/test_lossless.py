@@ -1,0 +1,100 @@
+"""Speculative greedy == plain greedy, token for token: chain and tree, untrained and trained
+drafts, several prompts and lengths, on the HF runner and (when present) the fast runtime."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.sampling import SamplingParams
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.engine.speculative import speculative_generate
+from eaglewire.engine.verify import StopRule
+from tests.unit.engine.conftest import REFERENCE_TOKENS, RUNNER_KINDS
+
+SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
+
+
+def decoder(tiny, draft, spec, kind):
+    runner = make_runner(tiny.target, tiny.contract.aux_boundaries, kind, max_seq_len=256)
+    return SpeculativeDecoder(runner, draft, spec, tokenizer=tiny.target.tokenizer)
+
+
+@pytest.mark.parametrize("kind", RUNNER_KINDS)
+@pytest.mark.parametrize("shape", sorted(SPECS))
+@pytest.mark.parametrize("which", ["untrained", "trained"])
+def test_greedy_equals_plain(tiny, trained, kind, shape, which):
+    draft = tiny.untrained if which == "untrained" else trained
+    dec = decoder(tiny, draft, SPECS[shape], kind)
+    taus = []
+    for prompt, reference in zip(tiny.prompts, tiny.references, strict=True):
+        result = dec.generate(prompt, max_new_tokens=REFERENCE_TOKENS)
+        assert result.token_ids == reference, f"{kind}/{shape}/{which}: prompt {prompt[:6]}..."
+        assert result.finish_reason == "max_new_tokens"
+        taus.append(result.tau)
+    mean_tau = sum(taus) / len(taus)
+    if which == "trained":
+        # the acceptance paths (multi-token blocks, deeper tree nodes) really ran
+        assert mean_tau > 1.5, taus
+    else:
+        assert mean_tau >= 1.0
+
+
+@pytest.mark.parametrize("kind", RUNNER_KINDS)
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 23])
+def test_lengths_stop_inside_blocks(tiny, trained, kind, max_new_tokens):
+    dec = decoder(tiny, trained, SPECS["tree"], kind)
+    result = dec.generate(tiny.prompts[0], max_new_tokens=max_new_tokens)
+    assert result.token_ids == tiny.references[0][:max_new_tokens]
+
+
+def test_plain_mode_is_plain(tiny):
+    dec = decoder(tiny, tiny.untrained, SPECS["chain"], "hf")
+    result = dec.generate(tiny.prompts[1], max_new_tokens=12, use_draft=False)
+    assert result.token_ids == tiny.references[1][:12]
+    assert result.tau == 1.0 and result.num_verifications == 12
+
+
+def test_eos_inside_an_accepted_block_stops_there(tiny, trained):
+    spec = SPECS["chain"]
+    runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "hf")
+    prompt, reference = tiny.prompts[0], tiny.references[0]
+    greedy = SamplingParams()
+    free = speculative_generate(runner, Drafter(trained, spec), prompt, sampling=greedy,
+                                stop=StopRule(REFERENCE_TOKENS))
+    # A position that sits inside a multi-token block (not its last token), whose token is new.
+    inside, start = [], 0
+    for emitted in free.emitted_per_round:
+        inside += list(range(start, start + emitted - 1))
+        start += emitted
+    candidates = [k for k in inside if reference[k] not in reference[:k]]
+    assert candidates, f"no block with >= 2 tokens: {free.emitted_per_round}"
+    k = candidates[0]
+    eos = reference[k]
+
+    trace = speculative_generate(runner, Drafter(trained, spec), prompt, sampling=greedy,
+                                 stop=StopRule(REFERENCE_TOKENS, eos_token_ids=frozenset({eos})))
+    assert trace.token_ids == reference[: k + 1]
+    assert trace.finish_reason == "eos"
+    assert sum(trace.emitted_per_round) > len(trace.token_ids), "the eos was the bonus, not inside a block"
+
+
+def test_runner_capacity_is_checked(tiny):
+    runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "auto", max_seq_len=32)
+    dec = SpeculativeDecoder(runner, tiny.untrained, SPECS["chain"])
+    if getattr(runner, "max_seq_len", None) is None:
+        pytest.skip("this runner has no fixed capacity")
+    with pytest.raises(ValueError, match="max_seq_len=32"):
+        dec.generate(list(range(3, 23)), max_new_tokens=20)
+
+
+def test_trained_draft_is_better_than_untrained(tiny, trained):
+    """Guards the fixture: the trained-like draft must really agree with the target."""
+    prompt = tiny.prompts[2]
+    taus = {}
+    for name, draft in (("untrained", tiny.untrained), ("trained", trained)):
+        taus[name] = decoder(tiny, draft, SPECS["chain"], "hf").generate(prompt, max_new_tokens=24).tau
+    assert taus["trained"] > taus["untrained"] + 0.5, taus
+    assert torch.isfinite(torch.tensor(list(taus.values()))).all()

@@ -1,0 +1,59 @@
+"""2 CPU processes (torchrun, gloo) train to the same weights as 1 process with the doubled batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from eaglewire.draft.init import init_draft
+from eaglewire.target.identity import build_contract
+from eaglewire.train.config import TrainConfig
+from eaglewire.train.loop import train
+from eaglewire.train.target_side import OfflineTarget, TargetHead
+from tests.helpers.tiny import make_tiny_target
+from tests.unit.train.conftest import capture_records, make_records
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+REPO = Path(__file__).resolve().parents[3]
+CONFIG = TrainConfig(ttt_steps=3, max_length=48, pack=True, batch_size=2, learning_rate=3e-3, warmup_ratio=0.0,
+                     epochs=1, grad_accum_steps=1, seed=0)
+
+
+def build_target():
+    target = make_tiny_target("llama", num_layers=8, seed=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(40.0)
+    contract = build_contract(target, fingerprint=False)
+
+    def side_for(draft):
+        return OfflineTarget(TargetHead.from_target(target, contract.final), contract, draft.draft_to_target)
+
+    return target, contract, side_for
+
+
+def test_two_processes_match_one_process_with_double_batch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(REPO / "tests/unit/train/ddp_worker.py"),
+           str(tmp_path), "2"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    target, contract, side_for = build_target()
+    records = capture_records(target, contract, make_records(target.vocab_size, 16, seed=1))
+    draft = init_draft(target, contract, seed=0)
+    single = CONFIG.__class__(**{**CONFIG.__dict__, "batch_size": 4})
+    res = train(single, draft, contract, records, side_for(draft), out_dir=tmp_path / "single", progress=False)
+    assert res.optimizer_steps >= 2
+    ref = load_file(str(res.draft_dir / "model.safetensors"))
+    init = init_draft(target, contract, seed=0).state_dict()
+    for parallel in ("ddp", "fsdp"):
+        got = load_file(str(tmp_path / parallel / "draft" / "model.safetensors"))
+        assert got.keys() == ref.keys()
+        for k in ref:
+            torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=f"{parallel}: {k}")
+        assert not torch.equal(got["fc.weight"], init["fc.weight"])  # training did move the weights

@@ -1,0 +1,148 @@
+"""The loop on a tiny target: learning, resume equality, contract stop, NaN naming, outputs on disk."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eaglewire.contract.contract import Contract
+from eaglewire.draft.init import init_draft
+from eaglewire.draft.io import load_draft
+from eaglewire.errors import ConfigError, ContractMismatchError, TrainingError
+from eaglewire.target.identity import build_contract
+from eaglewire.train.config import TrainConfig
+from eaglewire.train.loop import train
+from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
+
+FAST = TrainConfig(ttt_steps=3, max_length=64, batch_size=4, learning_rate=3e-3, warmup_ratio=0.1, epochs=2,
+                   step_weight_decay=0.8)
+
+
+def offline(target, contract, draft):
+    return OfflineTarget(TargetHead.from_target(target, contract.final), contract, draft.draft_to_target)
+
+
+def test_loss_decreases_on_tiny_dataset(tiny_target, tiny_contract, captured_records, eval_captured, tmp_path):
+    draft = init_draft(tiny_target, tiny_contract, seed=0)
+    cfg = replace(FAST, epochs=12, eval_every=8)  # 16 packed records make 2 steps an epoch
+    res = train(cfg, draft, tiny_contract, captured_records, offline(tiny_target, tiny_contract, draft),
+                out_dir=tmp_path / "run", eval_data=eval_captured, progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x["split"] == "train"]
+    evals = [x for x in lines if x["split"] == "eval"]
+    assert res.optimizer_steps == len(train_lines) >= 20
+    first = sum(x["loss"] for x in train_lines[:3]) / 3
+    last = sum(x["loss"] for x in train_lines[-3:]) / 3
+    assert last < 0.8 * first, (first, last)
+    print("losses", [round(x["loss"], 2) for x in train_lines], [round(x["acc"][0], 2) for x in evals])
+    assert evals[-1]["loss"] < evals[0]["loss"]
+    assert evals[-1]["acc"][0] > evals[0]["acc"][0]
+    for key in ("loss_per_step", "acc", "cond_acc", "lr", "grad_norm", "tokens_per_s", "oov_masked"):
+        assert key in train_lines[-1]
+    assert len(train_lines[-1]["acc"]) == cfg.ttt_steps
+    # the final draft is a loadable draft directory with the contract
+    loaded, contract = load_draft(res.draft_dir)
+    assert contract == tiny_contract
+    for k, v in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v.cpu()), k
+
+
+def test_resume_reaches_the_same_weights(tiny_target, tiny_contract, captured_records, tmp_path):
+    cfg = replace(FAST, epochs=4, checkpoint_every=3, keep_checkpoints=1)
+    full = init_draft(tiny_target, tiny_contract, seed=0)
+    res_full = train(cfg, full, tiny_contract, captured_records, offline(tiny_target, tiny_contract, full),
+                     out_dir=tmp_path / "full", progress=False)
+
+    part = init_draft(tiny_target, tiny_contract, seed=0)
+    run = tmp_path / "part"
+    # "crash" two steps after the checkpoint at step 3: no checkpoint is written for steps 4-5
+    early = train(cfg, part, tiny_contract, captured_records, offline(tiny_target, tiny_contract, part),
+                  out_dir=run, stop_after_steps=5, progress=False)
+    assert early.optimizer_steps == 5
+    assert json.loads((run / "latest.json").read_text())["optimizer_step"] == 3
+    fresh = init_draft(tiny_target, tiny_contract, seed=7)  # different init: every weight must come from the checkpoint
+    res = train(cfg, fresh, tiny_contract, captured_records, offline(tiny_target, tiny_contract, fresh),
+                out_dir=run, resume=True, progress=False)
+    assert res.optimizer_steps == res_full.optimizer_steps
+    a, b = load_file(str(res_full.draft_dir / "model.safetensors")), load_file(str(res.draft_dir / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, res.optimizer_steps + 1))  # lines of the lost steps 4-5 were replaced
+    # the config of a resumed run must be the run's own
+    with pytest.raises(ConfigError, match="learning_rate"):
+        train(replace(cfg, learning_rate=1.0), fresh, tiny_contract, captured_records,
+              offline(tiny_target, tiny_contract, fresh), out_dir=run, resume=True, progress=False)
+
+
+def test_contract_mismatch_stops_before_step_one(tiny_target, tiny_contract, captured_records, tmp_path):
+    other = build_contract(tiny_target, aux_boundaries=[1, 4, 5], fingerprint=False)
+    draft = init_draft(tiny_target, other, seed=0)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    with pytest.raises(ContractMismatchError) as err:
+        train(FAST, draft, other, captured_records, offline(tiny_target, tiny_contract, draft),
+              out_dir=tmp_path / "run", progress=False)
+    msg = str(err.value)
+    assert "aux_boundaries: draft=[1, 4, 5] data=[2, 4, 5]" in msg
+    assert "draft contract:" in msg and "data contract:" in msg  # both printed
+    assert not (tmp_path / "run").exists()
+    assert all(torch.equal(v, draft.state_dict()[k]) for k, v in before.items())
+
+
+def test_non_finite_loss_names_step_and_records(tiny_target, tiny_contract, captured_records, tmp_path):
+    records = list(captured_records[:4])
+    bad = records[2]
+    records[2] = replace(bad, aux=bad.aux.clone().fill_(float("inf")))
+    draft = init_draft(tiny_target, tiny_contract, seed=0)
+    with pytest.raises(TrainingError, match="optimizer step 1 ") as err:
+        train(replace(FAST, batch_size=4, epochs=1), draft, tiny_contract, records,
+              offline(tiny_target, tiny_contract, draft), out_dir=tmp_path / "run", progress=False)
+    assert bad.record_id in str(err.value)
+
+
+def test_online_inputs_equal_offline_inputs(tiny_target, tiny_contract, token_records, captured_records):
+    """The online path (target in the loop, padded) and the offline path (target head on `final`)
+    hand the draft the same aux states and the same restricted target distribution."""
+    d2t = torch.arange(0, tiny_target.vocab_size, 2)  # a draft vocab of every other token
+    head = TargetHead.from_target(tiny_target, tiny_contract.final)
+    online, offline_side = OnlineTarget(tiny_target, tiny_contract, d2t), OfflineTarget(head, tiny_contract, d2t)
+    rows = [tuple(slot for slot in r) for r in
+            __import__("eaglewire.train.batches", fromlist=["plan_rows"]).plan_rows(
+                [len(r.input_ids) for r in token_records[:6]], range(6), max_length=64, pack=True)]
+    from eaglewire.train.batches import fetch_rows
+
+    a = online.prepare(rows, fetch_rows(token_records, rows), torch.device("cpu"))
+    b = offline_side.prepare(rows, fetch_rows(captured_records, rows), torch.device("cpu"))
+    assert torch.equal(a.batch.input_ids, b.batch.input_ids) and torch.equal(a.batch.doc_ids, b.batch.doc_ids)
+    torch.testing.assert_close(a.aux, b.aux, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a.target.probs, b.target.probs, rtol=1e-4, atol=1e-5)
+    assert torch.equal(a.target.in_vocab, b.target.in_vocab)
+    assert 0 < int(a.target.in_vocab[a.batch.doc_ids >= 0].sum()) < int((a.batch.doc_ids >= 0).sum())
+
+
+def test_online_training_runs(tiny_target, tiny_contract, token_records, tmp_path):
+    draft = init_draft(tiny_target, tiny_contract, seed=0)
+    res = train(replace(FAST, epochs=1, max_steps=2), draft, tiny_contract, token_records,
+                OnlineTarget(tiny_target, tiny_contract, draft.draft_to_target), out_dir=tmp_path / "run", progress=False)
+    assert res.optimizer_steps == 2 and res.tokens > 0
+    assert (tmp_path / "run" / "train_config.json").exists()
+    with pytest.raises(ConfigError, match="already holds a training run"):
+        train(replace(FAST, epochs=1, max_steps=2), draft, tiny_contract, token_records,
+              OnlineTarget(tiny_target, tiny_contract, draft.draft_to_target), out_dir=tmp_path / "run", progress=False)
+
+
+def test_target_head_from_directory_matches_the_model(tiny_target, tiny_contract, tmp_path):
+    from tests.helpers.tiny import save_tiny_target
+
+    save_tiny_target(tiny_target, tmp_path / "target")
+    final = torch.randn(5, tiny_target.hidden_size)
+    for norm in ("pre", "post"):
+        fs = replace(tiny_contract.final, norm=norm)
+        torch.testing.assert_close(TargetHead.from_pretrained(tmp_path / "target", fs)(final),
+                                   TargetHead.from_target(tiny_target, fs)(final))
+    assert isinstance(tiny_contract, Contract)

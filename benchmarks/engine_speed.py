@@ -14,6 +14,7 @@ Timings: CUDA events after warm-up, median of repeats. Prints a table last.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -31,6 +32,7 @@ import torch
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.engine.plain import generate_plain_with_stats
 from eaglewire.target.loading import LoadedTarget
+from eaglewire.target.runtime.model import KernelChoices
 from eaglewire.target.runtime.runner import FastTargetRunner
 from eaglewire.target.runtime.weights import weight_bytes
 
@@ -130,6 +132,54 @@ def verify_costs(
     return out
 
 
+def _category(name: str) -> str:
+    n = name.lower()
+    if any(x in n for x in ("fmha", "attention", "flash", "attn")):
+        return "attention"
+    if any(x in n for x in ("gemv", "gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")):
+        return "matmul"
+    if "triton" in n:
+        return "fused (triton)"
+    return "other"
+
+
+def kernel_profile(runner: FastTargetRunner, prompt: torch.Tensor, k: int, reps: int = 5) -> dict[str, Any]:
+    """Kernels of one forward of k tokens (CUDA profiler over `reps` replays): count and summed
+    device time per category; the rest of the measured time is gaps between kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = runner.device
+    prefill(runner, prompt)
+    T = prompt.shape[1]
+    ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
+    pos = (T + torch.arange(k, device=dev))[None]
+    tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
+    runner.forward(ids, pos, tree)
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            runner.forward(ids, pos, tree)
+        sync(dev)
+    cats: dict[str, list[float]] = {}
+    names: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        us = e.time_range.elapsed_us()
+        c = cats.setdefault(_category(e.name), [0.0, 0.0])
+        c[0] += 1
+        c[1] += us
+        names[e.name] = names.get(e.name, 0.0) + us
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "kernels_per_forward": sum(c[0] for c in cats.values()) / reps,
+        "kernel_us_per_forward": sum(c[1] for c in cats.values()) / reps,
+        "by_category": {k: {"kernels": c[0] / reps, "us": c[1] / reps} for k, c in cats.items()},
+        "top_kernels_us": {n[:90]: us / reps for n, us in top},
+    }
+
+
 def hf_ms_per_token(target: LoadedTarget, prompt: torch.Tensor, n: int) -> float:
     model, dev = target.model, target.device
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -145,10 +195,17 @@ def hf_ms_per_token(target: LoadedTarget, prompt: torch.Tensor, n: int) -> float
     return (run(n + 1) - run(1)) * 1000 / n
 
 
-def parity(target: LoadedTarget, runner: FastTargetRunner, prompt: torch.Tensor, steps: int) -> dict[str, Any]:
+def parity(
+    target: LoadedTarget, runner: FastTargetRunner, prompt: torch.Tensor, steps: int, fp32_ref: bool
+) -> dict[str, Any]:
     """bf16 logits vs transformers on the prompt; greedy agreement of `steps` tokens with HF generate."""
     with torch.no_grad():
         ref = target.model(prompt).logits.float()[0, -1]
+        ref32 = None
+        if fp32_ref and target.dtype != torch.float32:
+            model32 = copy.deepcopy(target.model).float()
+            ref32 = model32(prompt).logits.float()[0, -1]
+            del model32
     runner.reset(1)
     T = prompt.shape[1]
     out = runner.forward(prompt, torch.arange(T, device=prompt.device)[None])
@@ -159,7 +216,37 @@ def parity(target: LoadedTarget, runner: FastTargetRunner, prompt: torch.Tensor,
     hf_tokens = hf[0, T:].tolist()
     ours = res.tokens[0]
     agree = next((i for i, (a, b) in enumerate(zip(ours, hf_tokens, strict=False)) if a != b), min(len(ours), len(hf_tokens)))
-    return {"prefill_logits_rel_err": rel, "greedy_tokens_equal_prefix": agree, "greedy_steps": steps}
+    out_d: dict[str, Any] = {"prefill_logits_rel_err": rel, "greedy_tokens_equal_prefix": agree, "greedy_steps": steps}
+    if ref32 is not None:
+        out_d["ours_vs_fp32_rel_err"] = float((got - ref32).norm() / ref32.norm())
+        out_d["hf_bf16_vs_fp32_rel_err"] = float((ref - ref32).norm() / ref32.norm())
+    return out_d
+
+
+def dev_is_cuda(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+CHOICE_KEYS = {
+    "mm_rows": "reduction_matmul_max_rows",
+    "mm_bytes": "reduction_matmul_max_bytes",
+    "attn_rows": "reduction_attention_max_rows",
+}
+
+
+def parse_variants(text: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """'model/label=key:val+key:val,...' -> [(model, label, settings)]; keys: mm_rows, mm_bytes,
+    attn_rows (KernelChoices), cudnn_sdp (0/1, global SDPA backend switch), else inductor options."""
+    out = []
+    for item in filter(None, text.split(",")):
+        target_label, _, opts = item.partition("=")
+        model, _, label = target_label.partition("/")
+        parsed: dict[str, Any] = {}
+        for kv in filter(None, opts.split("+")):
+            key, _, val = kv.partition(":")
+            parsed[key] = int(val) if val.lstrip("-").isdigit() else val
+        out.append((model, label, parsed))
+    return out
 
 
 def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float) -> dict[str, Any]:
@@ -180,7 +267,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype
     gen = torch.Generator(device="cpu").manual_seed(1)
     prompt = torch.randint(3, target.vocab_size, (1, args.prompt_len), generator=gen).to(device)
     if not args.skip_parity:
-        res["parity"] = parity(target, runner, prompt[:, :64], args.parity_steps)
+        res["parity"] = parity(target, runner, prompt[:, :64], args.parity_steps, args.fp32_ref)
         res["first_compile_and_capture_s"] = time.perf_counter() - t0
         print(f"[{name}] parity {res['parity']}", flush=True)
     # plain decode through generate_plain (argmax + bookkeeping included), after a warm run
@@ -200,12 +287,63 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype
     res["verify_over_decode"] = {k: v / base for k, v in res["forward_ms"].items()}
     res["decode_ms_over_hbm_floor"] = base / res["hbm_floor_ms"]
     print(f"[{name}] forward ms {res['forward_ms']}", flush=True)
+    if dev_is_cuda(device) and time.perf_counter() < deadline:
+        for k in (1, 16):
+            try:
+                res[f"profile_k{k}"] = kernel_profile(runner, prompt, k)
+                prof = res[f"profile_k{k}"]
+                print(f"[{name}] k={k}: {prof['kernels_per_forward']:.0f} kernels, "
+                      f"{prof['kernel_us_per_forward']:.0f} us kernel time; {prof['by_category']}", flush=True)
+            except Exception as err:  # noqa: BLE001 - profiling is best effort
+                res[f"profile_k{k}"] = {"error": f"{type(err).__name__}: {err}"}
     if time.perf_counter() < deadline and args.hf_tokens > 0:
         res["hf_generate_ms_per_token"] = hf_ms_per_token(target, prompt, args.hf_tokens)
         print(f"[{name}] HF generate {res['hf_generate_ms_per_token']:.2f} ms/token", flush=True)
     del runner, target
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    return res
+
+
+def bench_variants(
+    name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float
+) -> dict[str, Any]:
+    """Forward k in --variant-ks with other kernel choices / inductor options (after the main runs)."""
+    res: dict[str, Any] = {}
+    target = build_target(name, device, dtype)
+    L = target.num_layers
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    prompt = torch.randint(3, target.vocab_size, (1, args.prompt_len), generator=gen).to(device)
+    for model, label, settings in args.variants:
+        if model != name:
+            continue
+        if time.perf_counter() > deadline:
+            res[label] = {"skipped": "time budget"}
+            continue
+        t1 = time.perf_counter()
+        choices = {CHOICE_KEYS[k]: v for k, v in settings.items() if k in CHOICE_KEYS}
+        opts = {k: bool(v) if v in (0, 1) else v for k, v in settings.items() if k not in CHOICE_KEYS and k != "cudnn_sdp"}
+        cudnn = settings.get("cudnn_sdp")
+        if cudnn is not None and device.type == "cuda":
+            torch.backends.cuda.enable_cudnn_sdp(bool(cudnn))
+        try:
+            alt = FastTargetRunner(
+                target, default_boundaries(L), max_batch_size=1, max_seq_len=args.max_seq_len,
+                compile_options=opts, kernel_choices=KernelChoices(**{**KernelChoices().__dict__, **choices}),
+                compile=args.compile,
+            )
+            res[label] = {"settings": settings, "forward_ms": verify_costs(alt, prompt, args.variant_ks, args.iters, args.repeats)}
+            fm = res[label]["forward_ms"]
+            res[label]["verify_over_decode"] = {k: v / fm["1"] for k, v in fm.items()}
+            res[label]["compile_s"] = time.perf_counter() - t1
+            print(f"[{name}] variant {label}: {res[label]}", flush=True)
+            del alt
+        except Exception as err:  # noqa: BLE001 - a failing variant is a finding, not a crash
+            traceback.print_exc()
+            res[label] = {"error": f"{type(err).__name__}: {err}"}
+        finally:
+            if cudnn is not None and device.type == "cuda":
+                torch.backends.cuda.enable_cudnn_sdp(True)
     return res
 
 
@@ -242,7 +380,10 @@ def main() -> int:
     ap.add_argument("--hf-tokens", type=int, default=16)
     ap.add_argument("--parity-steps", type=int, default=32)
     ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--fp32-ref", action="store_true", help="also compare logits with a float32 copy of the model")
     ap.add_argument("--compile", type=lambda s: s == "1", default=None, help="1/0 (default: on CUDA)")
+    ap.add_argument("--variants", type=parse_variants, default=[], help="model/label=key:val+key:val,...")
+    ap.add_argument("--variant-ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip remaining work after this many seconds")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -274,12 +415,15 @@ def main() -> int:
             continue
         try:
             results[name] = bench_model(name, args, device, dtype, deadline)
-        except Exception as err:  # a benchmark reports a failing section and goes on
+        except Exception as err:  # noqa: BLE001 - a benchmark reports a failing section and goes on
             traceback.print_exc()
             results[name] = {"error": f"{type(err).__name__}: {err}"}
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
+    for name in dict.fromkeys(model for model, _, _ in args.variants):
+        if name in results and time.perf_counter() < deadline:
+            results[f"variants_{name}"] = bench_variants(name, args, device, dtype, deadline)
     results["meta"]["total_s"] = time.perf_counter() - start
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

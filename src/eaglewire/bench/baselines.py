@@ -4,7 +4,7 @@
 |----------------------|-----------------------------------------------------------------------------|
 | `hf-generate`        | `model.generate(ids, do_sample=False)` (dynamic cache, eager)               |
 | `hf-prompt-lookup`   | the same with `prompt_lookup_num_tokens=N` (n-gram drafts from the prompt)   |
-| `hf-static-compiled` | the same with `cache_implementation="static"` and a `CompileConfig`          |
+| `hf-static-compiled` | the same with `cache_implementation="static"` (auto-compiled decode step)    |
 
 transformers auto-compiles the decode step only on CUDA/XPU/TPU with a compileable cache
 (`GenerationMixin._valid_auto_compile_criteria` in transformers 5.17 `generation/utils.py`), so
@@ -85,10 +85,7 @@ def make_hf_baseline(
     if name == "hf-prompt-lookup":
         extra["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
     elif name == "hf-static-compiled":
-        from transformers import CompileConfig
-
-        extra["cache_implementation"] = "static"
-        extra["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
+        extra["cache_implementation"] = "static"  # transformers then compiles with its default CompileConfig
     elif name != "hf-generate":
         raise ValueError(f"unknown HF baseline {name!r}; known: {', '.join(HF_METHODS)}")
     eos = tuple(int(e) for e in eos_token_ids)
@@ -103,8 +100,6 @@ def static_compiled_unavailable(model: Any) -> str | None:
             f"needs a CUDA/XPU device (the model is on {device.type}): transformers auto-compiles a "
             "static-cache decode only there (generation/utils.py _valid_auto_compile_criteria)"
         )
-    if not getattr(model, "_can_compile_fullgraph", False):
-        return f"{type(model).__name__} does not declare _can_compile_fullgraph in transformers"
     return None
 
 

@@ -6,7 +6,7 @@ The prediction comes from `eaglewire.train.evaluate` (held-out data, no engine):
   accuracies alone, so a JSON summary (`train_summary.json`'s "eval", or any report with
   "cond_acc") is enough;
 * a tree: `EvalResult.tau_tree(nodes)` needs the per-position ranks, i.e. an `EvalResult` in
-  process. The engine's tree is dynamic (SGLang's num_steps/topk/num_draft_tokens, reranked per
+  process (`evaluate_predictor` runs the evaluation on a held-out dataset). The engine's tree is dynamic (SGLang's num_steps/topk/num_draft_tokens, reranked per
   round by draft scores); it is approximated by the static tree `tree_for_spec` builds the same
   way from the evaluation's node probabilities: depth-1 ranks 0..topk-1, each further depth the
   topk children of the best topk nodes, then the best num_draft_tokens - 1 nodes overall.
@@ -97,6 +97,31 @@ def find_summary_predictor(draft_dir: Path) -> SummaryPredictor | None:
             except DataFormatError:
                 continue
     return None
+
+
+def evaluate_predictor(
+    draft_dir: Path,
+    target: str,
+    data_dir: Path,
+    *,
+    num_steps: int,
+    max_records: int = 0,
+    device: str | None = None,
+    target_dtype: str | None = None,
+) -> TauPredictor:
+    """Run the trainer's offline evaluation (`eaglewire.train.run.run_eval`) on a held-out tokenized
+    dataset or shard directory: an `EvalResult`, which predicts chains and trees."""
+    from eaglewire.train.run import run_eval
+
+    return run_eval(
+        draft_dir=Path(draft_dir),
+        target=target,
+        data_dir=Path(data_dir),
+        num_steps=num_steps,
+        max_records=max_records,
+        device=device,
+        target_dtype=target_dtype,
+    )
 
 
 def _node_probability(predictor: TauPredictor, node: Node) -> float:

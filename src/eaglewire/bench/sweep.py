@@ -16,7 +16,8 @@ reference) and that batch size's best is "plain". `best_setting.json` (the file
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -73,6 +74,17 @@ class Skipped:
     reason: str
 
 
+@contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def sweep_settings(
     num_steps: Sequence[int], topk: Sequence[int], num_draft_tokens: Sequence[int]
 ) -> tuple[list[SpecArgs], list[Skipped]]:
@@ -86,7 +98,10 @@ def sweep_settings(
         for n in sorted(set(num_draft_tokens)):
             setting = {"num_steps": steps, "topk": k, "num_draft_tokens": n}
             try:
-                spec = SpecArgs(num_steps=steps, topk=k, num_draft_tokens=n)
+                with _quiet(
+                    "eaglewire.engine.spec_args"
+                ):  # its waste warning becomes a 'skipped' reason here
+                    spec = SpecArgs(num_steps=steps, topk=k, num_draft_tokens=n)
             except ConfigError as e:
                 skipped.append(Skipped(setting, str(e).splitlines()[0]))
                 continue

@@ -4,7 +4,6 @@ prompts and device; or, with --sweep, every valid speculative setting and the fa
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,25 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def command_line(ctx: typer.Context) -> str:
+    """The command as typed, rebuilt from the parsed options that differ from their defaults."""
+    parts = [ctx.find_root().info_name or "eaglewire", ctx.info_name or "bench"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or value == param.default or not param.opts:
+            continue
+        if isinstance(value, bool):
+            secondary = getattr(param, "secondary_opts", None) or []
+            flag = param.opts[0] if value else (secondary[0] if secondary else None)
+            if flag:
+                parts.append(flag)
+        else:
+            parts += [param.opts[0], str(value)]
+    return shlex.join(parts)
+
+
 def bench(
+    ctx: typer.Context,
     target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
     draft: Path = typer.Option(
         None, "--draft", help="draft directory; needed by eagle-chain, eagle-tree and --sweep"
@@ -78,6 +95,14 @@ def bench(
         "--eval-report",
         help="offline evaluation JSON with cond_acc (default: train_summary.json beside the draft)",
     ),
+    eval_data: Path = typer.Option(
+        None,
+        "--eval-data",
+        help="held-out tokenized dataset or shard dir: run the offline evaluation here (predicts chains and trees)",
+    ),
+    eval_max_records: int = typer.Option(
+        200, "--eval-max-records", help="--eval-data: records evaluated (0 = all)"
+    ),
     dtype: str = typer.Option(
         "auto", "--dtype", help="float32 | bfloat16 | auto (bfloat16 on CUDA, float32 on CPU)"
     ),
@@ -95,7 +120,7 @@ def bench(
     """
     import torch
 
-    from eaglewire.bench.prediction import find_summary_predictor, load_summary_predictor
+    from eaglewire.bench.prediction import evaluate_predictor, find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
     from eaglewire.target.loading import load_target
 
@@ -103,10 +128,25 @@ def bench(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    command = shlex.join(["eaglewire", *sys.argv[1:]])
+    command = command_line(ctx)
     prompt_set = load_prompt_set(prompts, num_prompts or None)
-    predictor = load_summary_predictor(eval_report) if eval_report is not None else None
-    if predictor is None and draft is not None:
+    predictor: TauPredictor | None = None
+    if eval_data is not None:
+        if draft is None:
+            raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
+        steps = max(_ints(sweep_num_steps, "--sweep-num-steps")) if sweep else max(chain_steps, num_steps)
+        predictor = evaluate_predictor(
+            draft,
+            target,
+            eval_data,
+            num_steps=steps,
+            max_records=eval_max_records,
+            device=device,
+            target_dtype=dtype,
+        )
+    elif eval_report is not None:
+        predictor = load_summary_predictor(eval_report)
+    elif draft is not None:
         predictor = find_summary_predictor(draft)
     loaded = load_target(target, dtype=dtype, device=device)
 
@@ -125,7 +165,9 @@ def bench(
             repeats=1 if repeats is None else repeats,
             chat=not raw,
         )
-        _sweep(loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best)
+        _sweep(
+            loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best, dtype
+        )
         return
 
     from eaglewire.bench.harness import BenchConfig, run_benchmark
@@ -155,11 +197,22 @@ def bench(
         if name.startswith("eagle-") and r.mismatches
     ]
     if ours_differ:
-        typer.echo(
-            "NOT LOSSLESS: speculative greedy output differs from plain greedy: " + "; ".join(ours_differ),
-            err=True,
+        _greedy_finding(
+            "speculative greedy output differs from plain greedy: " + "; ".join(ours_differ), dtype
         )
+
+
+def _greedy_finding(what: str, dtype: str) -> None:
+    """float32: a speculative/plain difference is a bug (exit 1). Lower precision: verifying N tokens in
+    one forward rounds differently from decoding one, so a near-tie argmax may flip; warn only."""
+    if dtype == "float32":
+        typer.echo(f"NOT LOSSLESS: {what}", err=True)
         raise typer.Exit(EXIT_FINDING)
+    typer.echo(
+        f"warning: {what} (in {dtype}, batched verification rounds differently from one-token decoding; "
+        "rerun with --dtype float32 to tell a bug from rounding)",
+        err=True,
+    )
 
 
 def _sweep(
@@ -173,6 +226,7 @@ def _sweep(
     plots: bool,
     as_json: bool,
     write_best: bool,
+    dtype: str,
 ) -> None:
     from eaglewire.bench.report import describe_device, now_iso
     from eaglewire.bench.sweep import run_sweep, sweep_markdown, write_best_setting, write_sweep
@@ -189,9 +243,11 @@ def _sweep(
     else:
         typer.echo(sweep_markdown(result))
         typer.echo("wrote " + ", ".join(str(p) for p in paths))
-    if any(r.greedy_matches_plain is False for r in result.rows):
-        typer.echo("NOT LOSSLESS: a speculative setting's greedy output differs from plain greedy", err=True)
-        raise typer.Exit(EXIT_FINDING)
+    differ = [r.setting for r in result.rows if r.greedy_matches_plain is False]
+    if differ:
+        _greedy_finding(
+            f"greedy output differs from plain greedy at {len(differ)} setting(s), e.g. {differ[0]}", dtype
+        )
 
 
 def register(app: typer.Typer) -> None:

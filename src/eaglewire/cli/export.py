@@ -10,7 +10,9 @@ from eaglewire.cli.common import console, print_table
 
 
 def export_cmd(
-    draft: Path = typer.Option(..., "--draft", help="eaglewire draft directory (config.json + model.safetensors + contract.json)"),
+    draft: Path = typer.Option(
+        ..., "--draft", help="eaglewire draft directory (config.json + model.safetensors + contract.json)"
+    ),
     fmt: str = typer.Option(..., "--format", help="sglang | vllm (speculators layout)"),
     out: Path = typer.Option(..., "--out", help="directory to write the export to"),
     sglang_generation: str = typer.Option(
@@ -20,15 +22,25 @@ def export_cmd(
         "layer ids differently",
     ),
     best_setting: Path = typer.Option(
-        None, "--best-setting", help="best_setting.json from the benchmark (default: the one in --draft, if any)"
+        None,
+        "--best-setting",
+        help="best_setting.json from the benchmark (default: the one in --draft, if any)",
     ),
-    num_steps: int = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps (overrides any best setting)"),
-    topk: int = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk (default 1 with --num-steps)"),
+    num_steps: int = typer.Option(
+        None, "--num-steps", help="SGLang --speculative-num-steps (overrides any best setting)"
+    ),
+    topk: int = typer.Option(
+        None, "--topk", help="SGLang --speculative-eagle-topk (default 1 with --num-steps)"
+    ),
     num_draft_tokens: int = typer.Option(
         None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (topk=1: num_steps + 1)"
     ),
-    target_path: str = typer.Option(None, "--target-path", help="target path for the launch command (default: the contract's)"),
-    dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: the contract's dtype)"),
+    target_path: str = typer.Option(
+        None, "--target-path", help="target path for the launch command (default: the contract's)"
+    ),
+    dtype: str = typer.Option(
+        None, "--dtype", help="float32 | bfloat16 | float16 (default: the contract's dtype)"
+    ),
 ) -> None:
     """Write a draft SGLang or vLLM loads as is, and the command that serves it."""
     from eaglewire.export.exporting import export_draft
@@ -71,7 +83,9 @@ def import_cmd(
         help="what the layer ids mean (boundary, vllm, speculators, sglang-legacy, sglang-pr25454, specforge, "
         "modelopt, eagle); default: from the format, or inferred only when unambiguous",
     ),
-    dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the contract's fingerprint"),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="dtype to run the target in for the contract's fingerprint"
+    ),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
 ) -> None:
     """Read an SGLang / vLLM / EAGLE draft into an eaglewire draft with a contract built on the live target."""

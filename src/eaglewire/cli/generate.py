@@ -10,6 +10,7 @@ import typer
 
 from eaglewire.cli.common import EXIT_FINDING, print_json, print_table
 from eaglewire.engine.api import DEFAULT_SPEC, GenerationResult, SpeculativeDecoder
+from eaglewire.engine.plain import generate_plain
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError, DataFormatError
@@ -63,13 +64,25 @@ def _row(i: int, r: GenerationResult) -> list[Any]:
 
 def generate(
     target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
-    draft: Path = typer.Option(None, "--draft", help="draft directory (config.json, model.safetensors, contract.json); omit for plain decoding"),
+    draft: Path = typer.Option(
+        None,
+        "--draft",
+        help="draft directory (config.json, model.safetensors, contract.json); omit for plain decoding",
+    ),
     prompt: str = typer.Option(None, "--prompt", help="one prompt (the chat template is applied)"),
-    prompts_file: Path = typer.Option(None, "--prompts-file", help="one prompt per line, or .jsonl with {\"prompt\": ...}"),
-    num_steps: int = typer.Option(DEFAULT_SPEC.num_steps, "--num-steps", help="= SGLang --speculative-num-steps (tree depth)"),
-    topk: int = typer.Option(DEFAULT_SPEC.topk, "--topk", help="= SGLang --speculative-eagle-topk (1 = chain)"),
+    prompts_file: Path = typer.Option(
+        None, "--prompts-file", help='one prompt per line, or .jsonl with {"prompt": ...}'
+    ),
+    num_steps: int = typer.Option(
+        DEFAULT_SPEC.num_steps, "--num-steps", help="= SGLang --speculative-num-steps (tree depth)"
+    ),
+    topk: int = typer.Option(
+        DEFAULT_SPEC.topk, "--topk", help="= SGLang --speculative-eagle-topk (1 = chain)"
+    ),
     num_draft_tokens: int = typer.Option(
-        DEFAULT_SPEC.num_draft_tokens, "--num-draft-tokens", help="= SGLang --speculative-num-draft-tokens (nodes incl. root)"
+        DEFAULT_SPEC.num_draft_tokens,
+        "--num-draft-tokens",
+        help="= SGLang --speculative-num-draft-tokens (nodes incl. root)",
     ),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
@@ -95,7 +108,8 @@ def generate(
         raise ConfigError(f"--runner: expected auto, fast or hf, got {runner!r}")
     if check_lossless and temperature != 0.0:
         raise ConfigError(
-            f"--check-lossless compares greedy outputs, but --temperature={temperature}", fix="drop --temperature"
+            f"--check-lossless compares greedy outputs, but --temperature={temperature}",
+            fix="drop --temperature",
         )
     spec = SpecArgs(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
@@ -109,19 +123,28 @@ def generate(
     records: list[dict[str, Any]] = []
     rows, mismatches = [], []
     for i, text in enumerate(prompts):
-        result = decoder.generate(text, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=not raw)
+        result = decoder.generate(
+            text, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=not raw
+        )
         record: dict[str, Any] = {"prompt": text, **result.to_json()}
         if check_lossless:
-            plain = decoder.generate(text, max_new_tokens=max_new_tokens, stop=stop, chat=not raw, use_draft=False)
-            diff = first_difference(result.token_ids, plain.token_ids)
+            # Plain greedy decoding by the plain-decoding loop on the same runner (no draft anywhere).
+            prompt_ids = decoder.encode(text, chat=not raw)
+            eos = sorted(decoder.eos_token_ids)
+            plain = generate_plain(decoder.runner, [prompt_ids], max_new_tokens, eos_token_ids=eos)[0]
+            if result.finish_reason == "stop_string":  # plain decoding knows no stop strings
+                plain = plain[: len(result.token_ids)]
+            diff = first_difference(result.token_ids, plain)
             record["lossless"] = diff is None
             if diff is not None:
                 mismatch = {
                     "prompt_index": i,
                     "position": diff,
                     "speculative": result.token_ids[diff] if diff < len(result.token_ids) else None,
-                    "plain": plain.token_ids[diff] if diff < len(plain.token_ids) else None,
-                    "common_prefix": decoder.tokenizer.decode(result.token_ids[:diff]) if decoder.tokenizer else "",
+                    "plain": plain[diff] if diff < len(plain) else None,
+                    "common_prefix": decoder.tokenizer.decode(result.token_ids[:diff])
+                    if decoder.tokenizer
+                    else "",
                 }
                 record["first_difference"] = mismatch
                 mismatches.append(mismatch)
@@ -131,10 +154,22 @@ def generate(
             typer.echo(f"--- prompt {i}: {text!r}\n{result.text}\n")
 
     if as_json:
-        print_json({"spec": {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
-                    "results": records})
+        print_json(
+            {
+                "spec": {
+                    "num_steps": spec.num_steps,
+                    "topk": spec.topk,
+                    "num_draft_tokens": spec.num_draft_tokens,
+                },
+                "results": records,
+            }
+        )
     else:
-        print_table("speculative decoding", ["prompt", "tokens", "tau", "acceptance per position", "tok/s", "finish"], rows)
+        print_table(
+            "speculative decoding",
+            ["prompt", "tokens", "tau", "acceptance per position", "tok/s", "finish"],
+            rows,
+        )
         if check_lossless and not mismatches:
             typer.echo(f"lossless: speculative == plain greedy for all {len(prompts)} prompt(s)")
     for m in mismatches:

@@ -134,7 +134,9 @@ def assistant_spans(
             start = len(prefix or "")
             end = _trim_trailing_space(full, start, len(through))
         else:
-            start, end = _fallback_span(tokenizer, full, through, msg["content"], prefix if prefix_ok else None, cursor)
+            start, end = _fallback_span(
+                tokenizer, full, through, msg["content"], prefix if prefix_ok else None, cursor
+            )
             if start < 0:
                 raise DataFormatError(
                     f"{where}: assistant message {i} ({msg['content'].strip()[:40]!r}) cannot be located in the "

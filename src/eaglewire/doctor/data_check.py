@@ -2,8 +2,8 @@
 
 For a few records, the live target recomputes every boundary 0..L (pre-norm) and the post-norm
 final state on the record's own tokens. Each stored column (every Ht-wide slice of `aux`, and
-`final`) is compared with every recomputed state; the closest one (relative L2 distance over
-the record's tokens) is what the column *is*, whatever its label says. Declared and actual are
+`final`) is compared with every recomputed state; the closest one (median over tokens of the per-token
+relative L2 distance, `matching.state_distance`) is what the column *is*, whatever its label says. Declared and actual are
 printed side by side; a mismatch is named (shift, swap, missing/extra embedding, pre/post norm,
 precision, truncation) with the fix.
 """
@@ -21,6 +21,7 @@ from eaglewire.contract.fingerprint import TOLERANCE, StateKey
 from eaglewire.data.types import CapturedRecord
 from eaglewire.doctor.diagnosis import diagnose_aux, engine_ids_hint, key_text
 from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
+from eaglewire.doctor.matching import state_distance
 from eaglewire.target.capture import capture_all
 from eaglewire.target.loading import LoadedTarget, dtype_name
 
@@ -64,12 +65,6 @@ class DataWiring:
         if any(k is None or k.norm != "pre" for k in self.aux):
             return None
         return tuple(k.boundary for k in self.aux if k is not None)
-
-
-def relative_distance(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref|| / ||ref|| in float32 over all elements."""
-    x32, r32 = x.float(), ref.float()
-    return float((x32 - r32).norm() / r32.norm().clamp_min(1e-12))
 
 
 def _tolerance(*dtypes: str) -> float:
@@ -165,7 +160,7 @@ def check_data_against_target(
         for name, col in cols.items():
             dists = per_col.setdefault(name, {})
             for key, st in states.items():
-                dists.setdefault(key, []).append(relative_distance(col, st[0]))
+                dists.setdefault(key, []).append(state_distance(col, st[0]))
 
     declared_keys = {f"aux[{i}]": StateKey(b) for i, b in enumerate(contract.aux_boundaries)}
     declared_keys["final"] = StateKey(contract.final.boundary, contract.final.norm)

@@ -46,8 +46,14 @@ def diagnose_aux(
     *,
     declared_final: StateKey | None = None,
     actual_final: StateKey | None = None,
+    declared_name: str = "its label",
+    actual_name: str = "the data",
 ) -> str:
-    """One sentence naming the fault that turns `declared` aux boundaries into `actual` ones."""
+    """One sentence naming the fault that turns `declared` aux boundaries into `actual` ones.
+
+    `declared_name`/`actual_name` say whose they are ("its label"/"the data" for a dataset,
+    "training"/"the engine" for serving).
+    """
     if any(a is None for a in actual):
         bad = [i for i, a in enumerate(actual) if a is None]
         return (
@@ -56,44 +62,45 @@ def diagnose_aux(
         )
     act = [int(a) for a in actual if a is not None]
     dec = list(declared)
+    emb = EMBEDDING_BOUNDARY
     if len(act) != len(dec):
         extra = len(act) - len(dec)
-        if extra > 0 and EMBEDDING_BOUNDARY in act and EMBEDDING_BOUNDARY not in dec:
-            return (
-                f"the data has {extra} more column(s) than its label: an extra embedding column (boundary 0)"
-            )
-        if extra < 0 and EMBEDDING_BOUNDARY in dec and EMBEDDING_BOUNDARY not in act:
-            return f"the data has {-extra} fewer column(s) than its label: the labelled embedding column is missing"
-        return f"the data has {len(act)} aux column(s), its label declares {len(dec)}"
+        if extra > 0 and emb in act and emb not in dec:
+            return f"{actual_name} has {extra} more column(s) than {declared_name}: an extra embedding column (boundary 0)"
+        if extra < 0 and emb in dec and emb not in act:
+            return f"{actual_name} has {-extra} fewer column(s) than {declared_name}: the embedding column is missing"
+        return f"{actual_name} has {len(act)} aux column(s), {declared_name} has {len(dec)}"
     if act == dec:
-        return "aux columns match their labels"
+        return f"aux columns match {declared_name}"
     if sorted(act) == sorted(dec):
         return "the same boundaries in a different order (swapped columns)"
-    if (
-        declared_final is not None
-        and actual_final is not None
-        and dec
-        and dec[0] == EMBEDDING_BOUNDARY
-        and act[:-1] == dec[1:]
-        and act[-1] == declared_final.boundary
-    ):
+    if dec and dec[0] == emb and act[:-1] == dec[1:]:
+        tail = (
+            ", and the last aux column holds what is labelled final (the field reports' mislabelled dump)"
+            if declared_final is not None and actual_final is not None and act[-1] == declared_final.boundary
+            else ""
+        )
         return (
-            "the labels are one column off: there is no embedding column; the column labelled "
-            "'embedding' holds what the next label names, and the last aux column holds what is labelled final "
-            "(the field reports' mislabelled dump)"
+            f"one column off: {actual_name} has no embedding column; each column holds what {declared_name} "
+            f"names for the next one{tail}"
+        )
+    if act and act[0] == emb and act[1:] == dec[:-1]:
+        return (
+            f"one column off: {actual_name} prepends an embedding column (boundary 0) and drops the last one, so "
+            f"every column arrives in the slot {declared_name} gives the one before it"
         )
     shift = _constant_shift(dec, act)
     if shift is not None:
         return (
             f"every column is {abs(shift)} boundar{'y' if abs(shift) == 1 else 'ies'} "
-            f"{'deeper' if shift > 0 else 'shallower'} than its label: layer ids read in the wrong numbering "
+            f"{'deeper' if shift > 0 else 'shallower'} than in {declared_name}: layer ids read in the wrong numbering "
             "(e.g. 'output of layer i' ids read as boundaries, or the reverse)"
         )
-    if EMBEDDING_BOUNDARY in act and EMBEDDING_BOUNDARY not in dec:
-        return "an embedding column (boundary 0) is in the data but not in its label"
-    if EMBEDDING_BOUNDARY in dec and EMBEDDING_BOUNDARY not in act:
-        return "the column labelled 'embedding output' is not the embedding"
-    return "aux columns hold other boundaries than their labels say"
+    if emb in act and emb not in dec:
+        return f"{actual_name} has an embedding column (boundary 0) that {declared_name} does not"
+    if emb in dec and emb not in act:
+        return f"the column {declared_name} calls 'embedding output' is not the embedding in {actual_name}"
+    return f"aux columns of {actual_name} are other boundaries than {declared_name} says"
 
 
 def engine_ids_hint(boundaries: Sequence[int], num_layers: int) -> str:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 
 from eaglewire.contract.contract import Contract, contract_diff
-from eaglewire.contract.fingerprint import TOLERANCE
 from eaglewire.doctor.diagnosis import key_text
 from eaglewire.doctor.draft_source import DraftSource
 from eaglewire.doctor.findings import CheckResult, Finding, Row
-from eaglewire.target.identity import check_fingerprint, target_identity
+from eaglewire.doctor.matching import FINGERPRINT_TOLERANCE, match_fingerprint_robust
+from eaglewire.target.identity import states_on_probe, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name
 from eaglewire.typed_config import to_dict
 
@@ -72,16 +72,24 @@ def check_identity(
 def check_fingerprint_values(
     contract: Contract, target: LoadedTarget, result: CheckResult, *, who: str = "draft"
 ) -> None:
-    """The contract's fingerprint recomputed on the live target: each tensor must be its declared state."""
-    if contract.fingerprint is None:
+    """The contract's fingerprint recomputed on the live target: each tensor must be its declared state.
+
+    Matched with `matching.match_fingerprint_robust` (per-token median), which separates adjacent
+    mid-stack boundaries of real models across dtypes where a plain L2 over all tokens does not.
+    """
+    fp = contract.fingerprint
+    if fp is None:
         result.notes.append(f"{who} contract has no fingerprint: boundaries not proven by values")
         return
     L = target.num_layers
-    live_tol = TOLERANCE.get(dtype_name(target.dtype), max(TOLERANCE.values()))
-    for m in check_fingerprint(contract, target, raise_on_mismatch=False):
-        tol = max(m.tolerance, live_tol)
+    loosest = max(FINGERPRINT_TOLERANCE.values())
+    tol = max(
+        FINGERPRINT_TOLERANCE.get(fp.dtype, loosest),
+        FINGERPRINT_TOLERANCE.get(dtype_name(target.dtype), loosest),
+    )
+    for m in match_fingerprint_robust(fp, states_on_probe(target, fp.probe_ids)):
         ok = m.best == m.declared and m.declared_distance <= tol
-        actual = m.best if m.best_distance <= max(TOLERANCE.values()) else None
+        actual = m.best if m.best_distance <= loosest else None
         result.rows.append(
             Row(
                 item=f"fingerprint {m.name}",
@@ -101,7 +109,9 @@ def check_fingerprint_values(
                     actual=key_text(actual, L),
                     fix="use the target the contract was built on; if it is that target, the contract was built "
                     "from mislabelled states: rebuild it from the data's actual boundaries (see data vs target)",
-                    details=(m.explain(),),
+                    details=(
+                        f"distance to declared {m.declared_distance:.1e}, to best {m.best_distance:.1e}, tolerance {tol:.0e}",
+                    ),
                 )
             )
 

@@ -22,7 +22,10 @@ import torch
 from safetensors import safe_open
 
 from eaglewire.contract.contract import CONTRACT_FILE, Contract
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ConfigError
+from eaglewire.target.loading import LoadedTarget
 from eaglewire.typed_config import read_json_file
 
 DraftKind = Literal["eaglewire", "sglang", "vllm"]
@@ -145,3 +148,22 @@ def read_draft_source(directory: Path, *, with_tensors: bool = True) -> DraftSou
         vocab_size=vocab,
         tensors=read_tensors(directory) if with_tensors else {},
     )
+
+
+def load_engine_draft(source: DraftSource, target: LoadedTarget) -> Eagle3Draft:
+    """An SGLang/vLLM export's weights as an Eagle3Draft, read by `eaglewire.export`'s importer.
+
+    Raises CheckpointError/ConfigError naming the tensor or key when the export does not fit.
+    """
+    from eaglewire.export.importing import READERS, engine_state_dict
+    from eaglewire.export.keys import ENGINE_NUM_AUX
+    from eaglewire.export.layout import read_weights
+
+    if source.kind == "eaglewire":
+        raise ConfigError(f"{source.path}: an eaglewire draft; load it with eaglewire.draft.io.load_draft")
+    foreign = READERS[source.kind](source.config, str(source.path / "config.json"))
+    cfg = DraftConfig(**foreign.layer, num_aux=source.num_aux or ENGINE_NUM_AUX)
+    model = Eagle3Draft(cfg)
+    state, _notes = engine_state_dict(read_weights(source.path), source.kind, model, target, str(source.path))
+    model.load_state_dict(state)
+    return model.eval().requires_grad_(False)

@@ -19,6 +19,7 @@ Status = Literal["ok", "finding", "skipped"]
 
 EXIT_OK = 0
 EXIT_FINDING = 1
+SUMMARY_WIDTH = 100
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,12 @@ class CheckResult:
             return "finding"
         return "skipped" if self.skipped else "ok"
 
-    def summary(self) -> str:
+    def summary(self, width: int = SUMMARY_WIDTH) -> str:
         if self.findings:
-            return "; ".join(f.what for f in self.findings)
+            first = self.findings[0].what
+            first = first if len(first) <= width else first[: width - 3] + "..."
+            more = len(self.findings) - 1
+            return first + (f" (+{more} more)" if more else "")
         if self.skipped:
             return self.notes[0] if self.notes else "skipped"
         return f"{len(self.rows)} item(s) match" if self.rows else (self.notes[0] if self.notes else "ok")

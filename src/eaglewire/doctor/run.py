@@ -15,22 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from eaglewire.contract.contract import Contract
+from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.contract.numbering import SGLANG_GENERATIONS
 from eaglewire.data.types import CapturedRecord
 from eaglewire.doctor.data_check import CHECK as DATA_CHECK
 from eaglewire.doctor.data_check import DataWiring, check_data_against_target
 from eaglewire.doctor.draft_check import check_draft
-from eaglewire.doctor.draft_source import DraftSource, read_draft_source
-from eaglewire.doctor.findings import DoctorReport, skipped
+from eaglewire.doctor.draft_source import DraftSource, load_engine_draft, read_draft_source
+from eaglewire.doctor.findings import DoctorReport, Finding, fmt_list, skipped
 from eaglewire.doctor.serving_common import ServedReading
-from eaglewire.doctor.sglang_lint import lint_sglang
+from eaglewire.doctor.sglang_lint import lint_sglang, parse_sglang_args
 from eaglewire.doctor.standalone import CHECK as STANDALONE_CHECK
 from eaglewire.doctor.standalone import LabelSource, check_standalone
-from eaglewire.doctor.trace import run_trace
+from eaglewire.doctor.trace import DEFAULT_TRACE_SPEC, run_trace
 from eaglewire.doctor.vllm_lint import lint_vllm, load_vllm_config
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import ConfigError
+from eaglewire.engine.spec_args import SpecArgs, sglang_effective_spec_args
+from eaglewire.errors import CheckpointError, ConfigError
 from eaglewire.target.loading import LoadedTarget
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,12 @@ def diagnose(
             report.checks.append(skipped(DATA_CHECK, "needs --target to recompute the states"))
     draft_contract = draft_source.contract if draft_source is not None else None
     if draft_source is not None:
-        report.checks.append(check_draft(draft_source, target=target, data_contract=data_contract))
+        draft_result = check_draft(draft_source, target=target, data_contract=data_contract)
+        if wiring is not None and draft_contract is not None and data_contract is not None:
+            draft_result.findings += mislabelled_draft_findings(
+                draft_source, draft_contract, data_contract, wiring
+            )
+        report.checks.append(draft_result)
 
     trained, trained_from = _trained_boundaries(wiring, draft_contract, data_contract)
     ref = draft_contract or data_contract
@@ -168,15 +174,53 @@ def diagnose(
                 labels=accuracy_labels,
             )
         )
-    elif draft_source is not None and sample and draft_model is None:
+    elif draft_source is not None and sample and draft_model is None and target is None:
         report.checks.append(
-            skipped(STANDALONE_CHECK, f"{draft_source.kind} export: import it to run the standalone check")
+            skipped(STANDALONE_CHECK, f"{draft_source.kind} export: needs --target to load its weights")
         )
     if trace_prompt is not None:
         if target is None or draft_model is None or draft_contract is None:
             raise ConfigError("--trace needs --target and an eaglewire --draft (with contract.json)")
-        report.trace = run_trace(target, draft_model, draft_contract, trace_prompt)
+        report.trace = run_trace(
+            target, draft_model, draft_contract, trace_prompt, spec=_trace_spec(sglang_args, target)
+        )
     return report
+
+
+def mislabelled_draft_findings(
+    source: DraftSource, draft_contract: Contract, data_contract: Contract, wiring: DataWiring
+) -> list[Finding]:
+    """A draft whose contract copied the data's (wrong) labels needs the same relabelling as the data."""
+    actual = wiring.aux_boundaries
+    if actual is None or draft_contract.aux_boundaries != data_contract.aux_boundaries:
+        return []  # unknown values, or another mismatch already reported (draft.vs_data_contract)
+    if actual == draft_contract.aux_boundaries:
+        return []
+    return [
+        Finding(
+            check="draft.contract_vs_data_values",
+            severity="error",
+            what="the draft's contract repeats the data's labels, but the data it was trained on holds other boundaries",
+            declared=f"aux_boundaries {fmt_list(draft_contract.aux_boundaries)} ({source.path / CONTRACT_FILE})",
+            actual=f"trained on boundaries {fmt_list(actual)} (by values)",
+            fix=f"set aux_boundaries to {fmt_list(actual)} in {source.path / CONTRACT_FILE} (and in the data's manifest), "
+            "then export again",
+        )
+    ]
+
+
+def _trace_spec(sglang_args: str | None, target: LoadedTarget) -> SpecArgs:
+    """Trace with what SGLang would really run for --sglang-args (after its rewrites), else a chain of 3."""
+    if sglang_args is None:
+        return DEFAULT_TRACE_SPEC
+    a = parse_sglang_args(sglang_args)
+    try:
+        spec, _ = sglang_effective_spec_args(
+            a.num_steps, a.topk, a.num_draft_tokens, architecture=target.architecture
+        )
+    except ConfigError:
+        return DEFAULT_TRACE_SPEC  # SGLang would refuse these; the lint says so
+    return spec
 
 
 def _trained_boundaries(
@@ -214,8 +258,21 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
         ref = data_contract or (draft_source.contract if draft_source else None)
         dtype = opts.target_dtype or (ref.dtype if ref is not None else "float32")
         target = load_target(opts.target, dtype=dtype)
+    load_note = None
+    if (
+        draft_source is not None
+        and draft_source.kind != "eaglewire"
+        and target is not None
+        and records is not None
+    ):
+        try:
+            draft_model = load_engine_draft(draft_source, target)
+        except (CheckpointError, ConfigError) as e:  # the static checks still run and name the problem
+            load_note = (
+                f"{draft_source.kind} export not loadable for the standalone check: {str(e).splitlines()[0]}"
+            )
     vllm = load_vllm_config(opts.vllm_config) if opts.vllm_config is not None else None
-    return diagnose(
+    report = diagnose(
         target=target,
         records=records,
         data_contract=data_contract,
@@ -229,3 +286,6 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
         max_tokens=opts.max_tokens,
         accuracy_labels=cast(LabelSource | None, opts.accuracy_labels),
     )
+    if load_note is not None:
+        report.checks.append(skipped(STANDALONE_CHECK, load_note))
+    return report

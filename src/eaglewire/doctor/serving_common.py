@@ -111,7 +111,7 @@ def compare_reading(
         what = f"{r.label}: {r.problem}"
     else:
         what = f"{r.label} feeds the draft other states than it was trained on: " + diagnose_aux(
-            trained, list(r.boundaries)
+            trained, list(r.boundaries), declared_name="training", actual_name="the engine"
         )
         if r.problem:
             what += f"; and {r.problem}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from eaglewire.contract.numbering import (
     SGLANG_GENERATIONS,
@@ -281,7 +281,20 @@ def sglang_readings(
                 fix=_ids_fix(trained, numbering, num_layers),
             )
         )
+    if len(out) == 2 and (out[0].boundaries, out[0].problem) == (out[1].boundaries, out[1].problem):
+        return [replace(out[0], label="SGLang (both generations)", fix=_both_fix(trained, out, num_layers))]
     return out
+
+
+def _both_fix(trained: Sequence[int] | None, readings: Sequence[ServedReading], num_layers: int) -> str:
+    """Ids both generations read as `trained`, else the ids per generation."""
+    if trained is not None:
+        try:
+            ids = sglang_ids_unambiguous(trained, num_layers)
+            return f'set "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {fmt_list(ids)}}} in the draft\'s config.json'
+        except BoundaryError:
+            pass  # no id list both generations read alike: name the generation
+    return "; ".join(f"{r.label}: {r.fix}" for r in readings) + "; pass --sglang-generation to check one"
 
 
 def _ids_fix(trained: Sequence[int] | None, numbering: Numbering, num_layers: int) -> str:

@@ -59,7 +59,11 @@ DEFAULT_MAX_SEQ_LEN = 4096
 
 
 def make_runner(
-    target: LoadedTarget, aux_boundaries: Sequence[int], kind: RunnerKind = "auto", *, max_seq_len: int | None = None
+    target: LoadedTarget,
+    aux_boundaries: Sequence[int],
+    kind: RunnerKind = "auto",
+    *,
+    max_seq_len: int | None = None,
 ) -> TargetRunner:
     """A batch-1 runner. 'auto': the fast runtime (static KV cache; a generic transformers path for
     architectures it does not cover), else the full-recompute HF runner; 'fast' / 'hf' force one.
@@ -76,7 +80,9 @@ def make_runner(
         log.info("fast target runtime not available; using the full-recompute HF runner")
         return HFTargetRunner(target.model, aux_boundaries)
     if max_seq_len is None:
-        max_seq_len = min(int(getattr(target.config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)), DEFAULT_MAX_SEQ_LEN)
+        max_seq_len = min(
+            int(getattr(target.config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)), DEFAULT_MAX_SEQ_LEN
+        )
     return make_target_runner(target, list(aux_boundaries), max_batch_size=1, max_seq_len=max_seq_len)
 
 
@@ -137,7 +143,9 @@ class SpeculativeDecoder:
         max_seq_len: int | None = None,
     ) -> SpeculativeDecoder:
         """Load a target and (optionally) a draft directory; check the draft's contract names this target."""
-        loaded = target if isinstance(target, LoadedTarget) else load_target(target, dtype=dtype, device=device)
+        loaded = (
+            target if isinstance(target, LoadedTarget) else load_target(target, dtype=dtype, device=device)
+        )
         draft_model = None
         if draft is not None:
             draft_model, contract = load_draft(Path(draft), device=loaded.device, dtype=loaded.dtype)

@@ -24,11 +24,12 @@ masses, which is lossless too. No host synchronisation happens inside `draft`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
 
-from eaglewire.draft.model import Eagle3Draft
+from eaglewire.draft.model import DraftOutput, Eagle3Draft
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.tree import DraftTree, root_only, select_nodes
@@ -71,12 +72,57 @@ class DraftCache:
         self.length = length
 
 
+@dataclass
+class _Pool:
+    """Every candidate drafted this round, in creation order (a parent before its children)."""
+
+    tokens: list[torch.Tensor] = field(default_factory=list)  # target ids
+    scores: list[torch.Tensor] = field(default_factory=list)  # cumulative draft log-probabilities
+    parents: list[torch.Tensor] = field(default_factory=list)  # pool index of the parent, -1 = root
+    depths: list[torch.Tensor] = field(default_factory=list)
+    q: list[torch.Tensor] = field(default_factory=list)  # sampled chains: the distribution drawn from
+    size: int = 0
+
+    def add(
+        self,
+        tokens: torch.Tensor,
+        scores: torch.Tensor,
+        parents: torch.Tensor,
+        *,
+        depth: int,
+        q: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Append candidates; return their pool indices."""
+        self.tokens.append(tokens)
+        self.scores.append(scores)
+        self.parents.append(parents)
+        self.depths.append(torch.full_like(parents, depth))
+        if q is not None:
+            self.q.append(q)
+        index = torch.arange(self.size, self.size + tokens.shape[0], device=tokens.device)
+        self.size += tokens.shape[0]
+        return index
+
+
+@dataclass
+class _Frontier:
+    """The beam: the K best nodes of the deepest level, about to be fed as draft rows."""
+
+    index: torch.Tensor  # [K] pool indices
+    scores: torch.Tensor  # [K] cumulative log-probabilities
+    tokens: torch.Tensor  # [K] target ids
+    hidden: torch.Tensor  # [1, K, H] each node's input hidden: its parent row's output
+    sees: torch.Tensor  # [K, R] which of the R tree rows already in the cache are its ancestors
+
+
 class Drafter:
     """Batch 1. Owns the draft's cache; `extend` after every verification, then `draft`."""
 
     def __init__(self, draft: Eagle3Draft, spec: SpecArgs) -> None:
         if spec.topk > draft.config.draft_vocab_size:
-            raise ValueError(f"topk={spec.topk} exceeds the draft vocabulary ({draft.config.draft_vocab_size})")
+            raise ValueError(
+                f"topk={spec.topk} exceeds the draft vocabulary ({draft.config.draft_vocab_size})"
+            )
         self.draft = draft
         self.spec = spec
         self.device = next(draft.parameters()).device
@@ -97,7 +143,9 @@ class Drafter:
     def extend(self, aux: torch.Tensor, tokens: torch.Tensor, start_position: int) -> None:
         """aux [n, A*Ht] target states at positions start..start+n-1; tokens [n] the tokens after them."""
         if start_position != self.committed:
-            raise ValueError(f"draft rows must be contiguous: next row is {self.committed}, got {start_position}")
+            raise ValueError(
+                f"draft rows must be contiguous: next row is {self.committed}, got {start_position}"
+            )
         self.cache.truncate(self.committed)  # drop the last round's provisional tree rows
         n = tokens.shape[0]
         hidden = self.draft.project(aux[None].to(device=self.device, dtype=self.dtype))  # [1, n, H]
@@ -108,67 +156,71 @@ class Drafter:
         self.last_logits = self.draft.compute_logits(self.last_hidden)[0, 0].float()  # [Vd]
 
     @torch.no_grad()
-    def draft_tree(self, root_token: int, root_position: int, sampling: SamplingParams,
-                   generator: torch.Generator | None = None) -> DraftTree:
+    def draft_tree(
+        self,
+        root_token: int,
+        root_position: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> DraftTree:
         """The tree to verify next: root (not yet in the target cache) at `root_position` plus drafts."""
         if self.last_hidden is None or self.last_logits is None:
             return root_only(root_token, self.device)  # nothing to draft from yet (one-token prompt)
         K = self.spec.topk
-        sampled_chain = self.spec.is_chain and not sampling.greedy
-        d2t = self.draft_to_target
-
-        # Candidate pool, in creation order (a parent before its children).
-        pool_tokens: list[torch.Tensor] = []
-        pool_scores: list[torch.Tensor] = []
-        pool_parents: list[torch.Tensor] = []
-        pool_depths: list[torch.Tensor] = []
-        pool_q: list[torch.Tensor] = []
+        pool = _Pool()
 
         ids, logp, q = self._children(self.last_logits[None], sampling, generator)  # [1, K] each
-        frontier = torch.arange(K, device=self.device)  # pool indices of the frontier
-        frontier_scores = logp[0]  # [K]
-        frontier_tokens = d2t[ids[0]]  # [K] target ids
-        frontier_hidden = self.last_hidden.expand(1, K, -1)  # [1, K, H] output of each frontier node's parent row
-        frontier_sees = torch.zeros(K, 0, dtype=torch.bool, device=self.device)  # tree rows each frontier row sees
-        self._add(pool_tokens, pool_scores, pool_parents, pool_depths, frontier_tokens, frontier_scores,
-                  torch.full((K,), -1, device=self.device), depth=1)
-        if q is not None:
-            pool_q.append(q)
-        pool_size = K
-
+        tokens = self.draft_to_target[ids[0]]  # [K] target ids
+        no_parent = torch.full((K,), -1, device=self.device)
+        frontier = _Frontier(
+            index=pool.add(tokens, logp[0], no_parent, depth=1, q=q),
+            scores=logp[0],
+            tokens=tokens,
+            hidden=self.last_hidden.expand(1, K, -1),  # depth-1 nodes continue the last committed row
+            sees=torch.zeros(K, 0, dtype=torch.bool, device=self.device),
+        )
         for depth in range(1, self.spec.num_steps):
-            # Feed the frontier (nodes at `depth`) as draft rows at positions root_position + depth - 1.
-            rows_sees = torch.cat([frontier_sees, torch.eye(K, dtype=torch.bool, device=self.device)], dim=1)
-            mask = torch.cat([torch.ones(K, self.committed, dtype=torch.bool, device=self.device), rows_sees], dim=1)
-            positions = torch.full((1, K), root_position + depth - 1, device=self.device)
-            out = self.draft(frontier_tokens[None], frontier_hidden, positions, kv=self.cache, mask=mask)
-            ids, logp, q = self._children(out.logits[0], sampling, generator)  # [K, K]
-            child_scores = (frontier_scores[:, None] + logp).flatten()  # [K*K]
-            child_tokens = d2t[ids].flatten()  # [K*K]
-            child_row = torch.arange(K, device=self.device).repeat_interleave(K)  # frontier row of each child
-            self._add(pool_tokens, pool_scores, pool_parents, pool_depths, child_tokens, child_scores,
-                      frontier[child_row], depth=depth + 1)
-            if q is not None:
-                pool_q.append(q)
-            best = torch.sort(child_scores, descending=True, stable=True).indices[:K]
-            frontier = pool_size + best
-            pool_size += K * K
-            frontier_scores = child_scores[best]
-            frontier_tokens = child_tokens[best]
-            frontier_hidden = out.hidden[:, child_row[best]]
-            frontier_sees = rows_sees[child_row[best]]
+            out, sees = self._feed(frontier, position=root_position + depth - 1)
+            ids, logp, q = self._children(out.logits[0], sampling, generator)  # [K, K] each
+            scores = (frontier.scores[:, None] + logp).flatten()  # [K*K] cumulative log-probs
+            tokens = self.draft_to_target[ids].flatten()  # [K*K]
+            row = torch.arange(K, device=self.device).repeat_interleave(K)  # frontier row of each child
+            index = pool.add(tokens, scores, frontier.index[row], depth=depth + 1, q=q)
+            best = torch.sort(scores, descending=True, stable=True).indices[:K]  # the next beam
+            frontier = _Frontier(
+                index=index[best],
+                scores=scores[best],
+                tokens=tokens[best],
+                hidden=out.hidden[:, row[best]],
+                sees=sees[row[best]],
+            )
+        return self._select(pool, root_token)
 
-        scores = torch.cat(pool_scores)
-        kept, parents = select_nodes(scores, torch.cat(pool_parents), self.spec.num_draft_tokens - 1)
+    def _feed(self, frontier: _Frontier, position: int) -> tuple[DraftOutput, torch.Tensor]:
+        """Run the frontier as K new draft rows at `position`; each sees the committed rows, its
+        ancestors' rows and itself. Returns the output and the rows each new row sees [K, R+K]."""
+        K = frontier.tokens.shape[0]
+        sees = torch.cat([frontier.sees, torch.eye(K, dtype=torch.bool, device=self.device)], dim=1)
+        committed = torch.ones(K, self.committed, dtype=torch.bool, device=self.device)
+        mask = torch.cat([committed, sees], dim=1)  # [K, S] over every key in the cache
+        positions = torch.full((1, K), position, device=self.device)
+        out = self.draft(frontier.tokens[None], frontier.hidden, positions, kv=self.cache, mask=mask)
+        return out, sees
+
+    def _select(self, pool: _Pool, root_token: int) -> DraftTree:
+        """EAGLE-2 reranking: the best num_draft_tokens - 1 candidates, under the root."""
+        scores = torch.cat(pool.scores)
+        kept, parents = select_nodes(scores, torch.cat(pool.parents), self.spec.num_draft_tokens - 1)
         root = torch.full((1,), root_token, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         draft_probs = None
-        if sampled_chain:
-            draft_probs = torch.cat([torch.zeros(1, self.vocab_size, device=self.device), torch.cat(pool_q)[kept]])
+        if pool.q:  # a sampled chain: row 0 (the root) was not drafted
+            no_q = torch.zeros(1, self.vocab_size, device=self.device)
+            draft_probs = torch.cat([no_q, torch.cat(pool.q)[kept]])
         return DraftTree(
-            tokens=torch.cat([root, torch.cat(pool_tokens)[kept]]),
+            tokens=torch.cat([root, torch.cat(pool.tokens)[kept]]),
             parents=parents,
-            depths=torch.cat([zero, torch.cat(pool_depths)[kept]]),
+            depths=torch.cat([zero, torch.cat(pool.depths)[kept]]),
             depth_limit=self.spec.num_steps,
             draft_probs=draft_probs,
             scores=torch.cat([zero.float(), scores[kept]]),
@@ -191,12 +243,3 @@ class Drafter:
         q = torch.zeros(logits.shape[0], self.vocab_size, device=self.device)
         q.index_add_(1, self.draft_to_target, probs)  # [R, V] draft distribution over target ids
         return ids, logp.gather(-1, ids), q
-
-    @staticmethod
-    def _add(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor],
-             depths: list[torch.Tensor], new_tokens: torch.Tensor, new_scores: torch.Tensor,
-             new_parents: torch.Tensor, *, depth: int) -> None:
-        tokens.append(new_tokens)
-        scores.append(new_scores)
-        parents.append(new_parents)
-        depths.append(torch.full_like(new_parents, depth))

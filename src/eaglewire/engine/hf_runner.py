@@ -20,6 +20,8 @@ from eaglewire.engine.interfaces import TargetForward
 from eaglewire.errors import expected_actual
 from eaglewire.target.capture import hooked_states
 
+MAX_BATCH_SIZE = 256  # rows are recomputed one by one; more only costs time
+
 
 class HFTargetRunner:
     """TargetRunner (see `eaglewire.engine.interfaces`) over `model`, capturing `aux_boundaries`."""
@@ -29,6 +31,11 @@ class HFTargetRunner:
         cfg: Any = model.config
         self.num_layers = int(cfg.num_hidden_layers)
         self.vocab_size = int(cfg.vocab_size)
+        # No cache to fill: the only limits are the positions the model was configured for, and time.
+        self.max_seq_len = int(getattr(cfg, "max_position_embeddings", None) or 1 << 20)
+        self.max_batch_size = MAX_BATCH_SIZE
+        eos = getattr(cfg, "eos_token_id", None)
+        self.eos_token_ids: tuple[int, ...] = (eos,) if isinstance(eos, int) else tuple(eos or ())
         first = next(model.parameters())
         self.device = first.device
         self.dtype = first.dtype
@@ -59,9 +66,15 @@ class HFTargetRunner:
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+        *,
+        logits_at: torch.Tensor | None = None,
     ) -> TargetForward:
-        """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal) -> logits [B, N, V], aux [B, N, A*Ht]."""
+        """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal) -> logits [B, N, V]
+        (or [B, 1, V] at index logits_at [B] of each row, as the fast runtime offers), aux [B, N, A*Ht]."""
         B, N = input_ids.shape
         if len(self._committed) != B:
             raise ValueError(expected_actual("batch rows", len(self._committed), B))
@@ -71,14 +84,17 @@ class HFTargetRunner:
         for b in range(B):
             committed = self._committed[b]
             C = len(committed)
-            ids = torch.cat([torch.tensor(committed, dtype=torch.long), input_ids[b].cpu()])[None].to(self.device)
+            ids = torch.cat([torch.tensor(committed, dtype=torch.long), input_ids[b].cpu()])[None].to(
+                self.device
+            )
             pos = torch.cat([torch.arange(C), positions[b].cpu()])[None].to(self.device)
             mask = self._mask(C, None if tree_mask is None else tree_mask[b], N)
             with hooked_states(self.model, self.aux_keys) as store:
                 out = self.model(
                     input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=N
                 )
-            logits.append(out.logits[0].float())  # [N, V]
+            row_logits = out.logits[0].float()  # [N, V]
+            logits.append(row_logits if logits_at is None else row_logits[int(logits_at[b])][None])
             aux.append(torch.cat([store[k][0, C:] for k in self.aux_keys], dim=-1))  # [N, A*Ht]
         self._last_ids, self._last_positions = input_ids.cpu(), positions.cpu()
         return TargetForward(logits=torch.stack(logits), aux=torch.stack(aux))
@@ -94,7 +110,9 @@ class HFTargetRunner:
             want = list(range(start, start + n))
             if got != want:
                 raise ValueError(
-                    expected_actual(f"row {b}: positions of the accepted tokens (committed length {start})", want, got)
+                    expected_actual(
+                        f"row {b}: positions of the accepted tokens (committed length {start})", want, got
+                    )
                 )
             self._committed[b].extend(self._last_ids[b, idx].tolist())
         self._last_ids = self._last_positions = None

@@ -18,7 +18,9 @@ from eaglewire.typed_config import help_field
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = help_field("0 = greedy (argmax); > 0 divides the logits before softmax", default=0.0)
-    top_p: float = help_field("nucleus: keep the smallest set of tokens whose probability reaches top_p", default=1.0)
+    top_p: float = help_field(
+        "nucleus: keep the smallest set of tokens whose probability reaches top_p", default=1.0
+    )
     seed: int = help_field("seed of the generator used for every random draw of one generation", default=0)
 
     def __post_init__(self) -> None:

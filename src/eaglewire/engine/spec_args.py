@@ -146,8 +146,12 @@ def spec_args_warnings(args: SpecArgs) -> list[str]:
 class SpecArgs:
     """Speculative decoding shape (SGLang semantics, see the module docstring). Batch 1."""
 
-    num_steps: int = help_field("draft forward passes per round = depth of the deepest draft token (SGLang --speculative-num-steps)")
-    topk: int = help_field("children per expanded node and beam width; 1 = a chain (SGLang --speculative-eagle-topk)")
+    num_steps: int = help_field(
+        "draft forward passes per round = depth of the deepest draft token (SGLang --speculative-num-steps)"
+    )
+    topk: int = help_field(
+        "children per expanded node and beam width; 1 = a chain (SGLang --speculative-eagle-topk)"
+    )
     num_draft_tokens: int = help_field(
         "tree nodes verified per round, root included (SGLang --speculative-num-draft-tokens)"
     )

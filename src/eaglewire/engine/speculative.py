@@ -33,8 +33,8 @@ from eaglewire.engine.verify import StopRule, Verdict, verify
 class DecodeTrace:
     token_ids: list[int]  # generated tokens (eos included when it ended the generation)
     finish_reason: str  # "eos" | "stop_string" | "max_new_tokens"
-    accepted_per_round: list[int] = field(default_factory=list)  # drafts accepted by each verification
-    emitted_per_round: list[int] = field(default_factory=list)  # tokens each verification produced (bonus incl.)
+    accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
+    emitted_per_round: list[int] = field(default_factory=list)  # tokens it produced, bonus included
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property

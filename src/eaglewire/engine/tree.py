@@ -34,7 +34,9 @@ class DraftTree:
     tokens: torch.Tensor  # [N] int64 target token ids; tokens[0] is the root
     parents: torch.Tensor  # [N] int64 node index of each node's parent; -1 for the root
     depths: torch.Tensor  # [N] int64; 0 for the root
-    depth_limit: int  # an upper bound on depths (known without reading the device): the ancestor walk's length
+    depth_limit: (
+        int  # an upper bound on depths (known without reading the device): the ancestor walk's length
+    )
     # [N, V] float32: for a sampled chain, the processed draft distribution node i was drawn from
     # (row 0 unused). None when nodes are deterministic top-k picks (greedy or tree drafting).
     draft_probs: torch.Tensor | None = None
@@ -85,10 +87,16 @@ def check_parents(parents: torch.Tensor) -> None:
             raise ValueError(f"parents[{i}] = {p}: a node's parent must be an earlier node (0..{i - 1})")
 
 
-def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor | None = None) -> DraftTree:
+def tree_from_parents(
+    tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor | None = None
+) -> DraftTree:
     """Build a tree from explicit parent pointers (validated)."""
     if tokens.shape != parents.shape:
-        raise ValueError(expected_actual("tokens/parents shapes", "equal", f"{tuple(tokens.shape)} vs {tuple(parents.shape)}"))
+        raise ValueError(
+            expected_actual(
+                "tokens/parents shapes", "equal", f"{tuple(tokens.shape)} vs {tuple(parents.shape)}"
+            )
+        )
     check_parents(parents)
     depths = depths_from_parents(parents)
     return DraftTree(

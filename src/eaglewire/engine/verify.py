@@ -84,8 +84,9 @@ def verify_sampling(tree: DraftTree, target_probs: torch.Tensor, generator: torc
         node = accepted
 
 
-def verify(tree: DraftTree, target_logits: torch.Tensor, sampling: SamplingParams,
-           generator: torch.Generator | None) -> Verdict:
+def verify(
+    tree: DraftTree, target_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> Verdict:
     """target_logits [N, V] -> Verdict: greedy or lossless sampling, as `sampling` says."""
     if sampling.greedy:
         return verify_greedy(tree, target_logits)

@@ -25,7 +25,10 @@ def read_eagle(config: dict[str, Any], where: str) -> ForeignDraft:
             fix="use --format sglang",
         )
     require_architecture(
-        config, EAGLE_ARCHITECTURE, where, hint="EAGLE's official EAGLE-3 checkpoints declare LlamaForCausalLM"
+        config,
+        EAGLE_ARCHITECTURE,
+        where,
+        hint="EAGLE's official EAGLE-3 checkpoints declare LlamaForCausalLM",
     )
     if SGLANG_NESTED in config or IDS_KEY in config:
         raise ConfigError(
@@ -42,4 +45,6 @@ def read_eagle(config: dict[str, Any], where: str) -> ForeignDraft:
         )
     layer["draft_vocab_size"] = int(config["draft_vocab_size"])
     layer["target_hidden_size"] = int(config.get("target_hidden_size") or layer["hidden_size"])
-    return ForeignDraft(fmt="eagle", layer=layer, layer_ids=None, format_numbering=Numbering.EAGLE, notes=tuple(notes))
+    return ForeignDraft(
+        fmt="eagle", layer=layer, layer_ids=None, format_numbering=Numbering.EAGLE, notes=tuple(notes)
+    )

@@ -20,12 +20,18 @@ from eaglewire.export.keys import LLAMA_MODEL_TYPE, EngineFormat
 log = logging.getLogger(__name__)
 
 # transformers' LlamaConfig defaults, used when an imported config omits a key (logged).
-LLAMA_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 2048}
+LLAMA_DEFAULTS: dict[str, Any] = {
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 2048,
+}
 
 
 def rope_keys(rope_parameters: dict[str, Any]) -> dict[str, Any]:
     rope_type = rope_parameters.get("rope_type", "default")
-    scaling = None if rope_type == "default" else {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+    scaling = (
+        None if rope_type == "default" else {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+    )
     return {
         "rope_theta": float(rope_parameters["rope_theta"]),
         "rope_scaling": scaling,
@@ -102,13 +108,17 @@ def read_llama_layer(d: dict[str, Any], where: str, notes: list[str]) -> dict[st
         )
     layers = _int(d, "num_hidden_layers", where, 1)
     if layers != 1:
-        raise ConfigError(f"{where}: {expected_actual('num_hidden_layers', 1, layers)} (multi-layer drafts are not supported)")
+        raise ConfigError(
+            f"{where}: {expected_actual('num_hidden_layers', 1, layers)} (multi-layer drafts are not supported)"
+        )
     act = d.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{where}: {expected_actual('hidden_act', repr('silu'), repr(act))}")
     for flag in ("attention_bias", "mlp_bias"):
         if d.get(flag):
-            raise ConfigError(f"{where}: {expected_actual(flag, 'false', d[flag])} (eaglewire drafts have no biases)")
+            raise ConfigError(
+                f"{where}: {expected_actual(flag, 'false', d[flag])} (eaglewire drafts have no biases)"
+            )
     if d.get("tie_word_embeddings"):
         raise ConfigError(
             f"{where}: tie_word_embeddings is true: the engine would use the embedding as lm_head; eaglewire drafts "
@@ -128,15 +138,23 @@ def read_llama_layer(d: dict[str, Any], where: str, notes: list[str]) -> dict[st
         "vocab_size": _int(d, "vocab_size", where),
         "rms_norm_eps": float(d.get("rms_norm_eps", LLAMA_DEFAULTS["rms_norm_eps"])),
         "rope_parameters": _rope_parameters(d, where, notes),
-        "max_position_embeddings": _int(d, "max_position_embeddings", where, LLAMA_DEFAULTS["max_position_embeddings"]),
+        "max_position_embeddings": _int(
+            d, "max_position_embeddings", where, LLAMA_DEFAULTS["max_position_embeddings"]
+        ),
     }
 
 
 def read_ids(value: Any, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ConfigError(f"{where}: {expected_actual('eagle_aux_hidden_state_layer_ids', 'a non-empty list of integers', repr(value))}")
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise ConfigError(
+            f"{where}: {expected_actual('eagle_aux_hidden_state_layer_ids', 'a non-empty list of integers', repr(value))}"
+        )
     return tuple(value)
 
 

@@ -39,6 +39,17 @@ log = logging.getLogger(__name__)
 
 ExportFormat = Literal["sglang", "vllm"]
 EXPORT_MANIFEST = "export.json"
+# What the engine does with the files that a reader of export.json should know.
+ENGINE_NOTES: dict[str, list[str]] = {
+    "sglang": [
+        "SGLang replaces embed_tokens by the target's embedding when target_hidden_size == hidden_size",
+        "d2t holds offsets: target id = draft id + d2t[draft id]; t2d is not read by SGLang",
+    ],
+    "vllm": [
+        "vLLM uses embed_tokens from this file; without one it shares the target's",
+        "norm_before_residual is written as false on purpose: vLLM reads an absent key as true",
+    ],
+}
 CONFIG_FILE = "config.json"
 
 
@@ -84,15 +95,23 @@ def export_draft(
     if fmt not in LAUNCH_FILES:
         raise ConfigError(f"--format: expected one of {sorted(LAUNCH_FILES)}, got {fmt!r}")
     if sglang_generation is not None and fmt != "sglang":
-        raise ConfigError(f"--sglang-generation={sglang_generation} given with --format {fmt}: it only applies to sglang")
+        raise ConfigError(
+            f"--sglang-generation={sglang_generation} given with --format {fmt}: it only applies to sglang"
+        )
     if out.resolve() == draft_dir.resolve():
-        raise ConfigError(f"--out {out} is the draft directory itself", fix="pick a new directory for the export")
+        raise ConfigError(
+            f"--out {out} is the draft directory itself", fix="pick a new directory for the export"
+        )
     model, contract = load_draft(draft_dir)
     _check_servable(contract, draft_dir)
     cfg = model.config
     dtype_name = dtype or contract.dtype
     spec, spec_source = resolve_spec_args(
-        draft_dir=draft_dir, best_setting=best_setting, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens
+        draft_dir=draft_dir,
+        best_setting=best_setting,
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
     )
     target = target_path or contract.target.name
     if not target:
@@ -104,7 +123,9 @@ def export_draft(
         ids, numbering = sglang_layer_ids(contract, sglang_generation)
         config: dict[str, Any] = sglang_config(cfg, ids, dtype=dtype_name)
         # SGLang reads d2t/t2d whenever present; an identity map is harmless, so always write it.
-        tensors = engine_tensors(state, "sglang", dtype=torch_dtype(dtype_name), with_vocab_map=True, vocab_size=cfg.vocab_size)
+        tensors = engine_tensors(
+            state, "sglang", dtype=torch_dtype(dtype_name), with_vocab_map=True, vocab_size=cfg.vocab_size
+        )
         argv = sglang_command(target, out.resolve(), spec, dtype=dtype_name)
     else:
         ids, numbering = vllm_layer_ids(contract), "boundary (vLLM / speculators)"
@@ -117,7 +138,9 @@ def export_draft(
             verifier_architecture=contract.target.architecture,
         )
         # speculators carries d2t/t2d only when Vd != V; vLLM then defaults to the identity.
-        tensors = engine_tensors(state, "vllm", dtype=torch_dtype(dtype_name), with_vocab_map=mapped, vocab_size=cfg.vocab_size)
+        tensors = engine_tensors(
+            state, "vllm", dtype=torch_dtype(dtype_name), with_vocab_map=mapped, vocab_size=cfg.vocab_size
+        )
         argv = vllm_command(target, out.resolve(), spec, dtype=dtype_name)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -143,11 +166,18 @@ def export_draft(
             "numbering": numbering,
             "sglang_generation": sglang_generation,
             "aux_boundaries": list(contract.aux_boundaries),
-            "speculative": {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
+            "speculative": {
+                "num_steps": spec.num_steps,
+                "topk": spec.topk,
+                "num_draft_tokens": spec.num_draft_tokens,
+            },
             "speculative_source": spec_source,
             "dtype": dtype_name,
-            "vocab_map": "identity" if not mapped else f"{cfg.draft_vocab_size} of {cfg.vocab_size} target ids",
+            "vocab_map": "identity"
+            if not mapped
+            else f"{cfg.draft_vocab_size} of {cfg.vocab_size} target ids",
             "launch_command": render(argv),
+            "notes": ENGINE_NOTES[fmt],
         },
     )
     log.info("exported %s draft to %s (%d tensors)", fmt, out, len(tensors))

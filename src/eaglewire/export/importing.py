@@ -88,9 +88,16 @@ def resolve_boundaries(
     if stated is not None and stated != SGLANG_ANY:
         numbering = parse_numbering(stated)
         if foreign.fmt == "eagle" and numbering is not Numbering.EAGLE:
-            raise ConfigError(f"--numbering {stated} with --format eagle: EAGLE's code takes no ids (numbering 'eagle')")
+            raise ConfigError(
+                f"--numbering {stated} with --format eagle: EAGLE's code takes no ids (numbering 'eagle')"
+            )
         if foreign.format_numbering is not None and numbering is not foreign.format_numbering:
-            log.warning("the %s format means %s; using the stated %s", foreign.fmt, foreign.format_numbering.value, stated)
+            log.warning(
+                "the %s format means %s; using the stated %s",
+                foreign.fmt,
+                foreign.format_numbering.value,
+                stated,
+            )
         return to_boundaries(ids, numbering, L), numbering.value, "stated"
     if foreign.format_numbering is not None:
         return to_boundaries(ids, foreign.format_numbering, L), foreign.format_numbering.value, "format"
@@ -111,7 +118,9 @@ def resolve_boundaries(
     )
 
 
-def _normalise_names(tensors: dict[str, torch.Tensor], fmt: EngineFormat, where: str) -> dict[str, torch.Tensor]:
+def _normalise_names(
+    tensors: dict[str, torch.Tensor], fmt: EngineFormat, where: str
+) -> dict[str, torch.Tensor]:
     """Names as the engine's loader resolves them (SGLang strips `model.`, vLLM renames `midlayer.`)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
@@ -145,26 +154,40 @@ def engine_state_dict(
         problems.append(f"tensor {name!r} missing (expected shape {tuple(expected[names[name]].shape)})")
     unknown = sorted(set(tensors) - set(names) - {D2T, T2D} - IGNORED_ON_IMPORT)
     if unknown:
-        problems.append(f"unexpected tensors {unknown} (no eaglewire parameter; a second layer or another variant?)")
+        problems.append(
+            f"unexpected tensors {unknown} (no eaglewire parameter; a second layer or another variant?)"
+        )
     state: dict[str, torch.Tensor] = {}
     for foreign, ours in names.items():
         if foreign not in tensors:
             continue
         want, got = tuple(expected[ours].shape), tuple(tensors[foreign].shape)
         if want != got:
-            why = f" = [H, A*Ht] = [{cfg.hidden_size}, {cfg.num_aux}*{cfg.target_hidden_size}]" if ours == "fc.weight" else ""
+            why = (
+                f" = [H, A*Ht] = [{cfg.hidden_size}, {cfg.num_aux}*{cfg.target_hidden_size}]"
+                if ours == "fc.weight"
+                else ""
+            )
             problems.append(f"tensor {foreign!r}: expected shape {want}{why}, got {got}")
         state[ours] = tensors[foreign].float()
     if EMBED not in tensors:
         if cfg.hidden_size != target.hidden_size:
-            problems.append(f"tensor {EMBED!r} missing and draft hidden {cfg.hidden_size} != target hidden {target.hidden_size}")
+            problems.append(
+                f"tensor {EMBED!r} missing and draft hidden {cfg.hidden_size} != target hidden {target.hidden_size}"
+            )
         else:
             state[EMBED] = target_parts(target.model).embed_tokens.weight.detach().float().cpu().clone()
             notes.append(f"{EMBED} absent: copied from the target (what the engines do)")
     if problems:
-        raise CheckpointError(f"{where}: tensors do not fit the draft config.json describes:\n  " + "\n  ".join(problems))
+        raise CheckpointError(
+            f"{where}: tensors do not fit the draft config.json describes:\n  " + "\n  ".join(problems)
+        )
     state[EAGLEWIRE_VOCAB_BUFFER] = offsets_to_absolute(
-        tensors.get(D2T), tensors.get(T2D), vocab_size=cfg.vocab_size, draft_vocab_size=cfg.draft_vocab_size, where=where
+        tensors.get(D2T),
+        tensors.get(T2D),
+        vocab_size=cfg.vocab_size,
+        draft_vocab_size=cfg.draft_vocab_size,
+        where=where,
     )
     return state, notes
 
@@ -172,9 +195,15 @@ def engine_state_dict(
 def _check_against_target(layer: dict[str, Any], target: LoadedTarget, where: str) -> None:
     problems = []
     if layer["vocab_size"] != target.vocab_size:
-        problems.append(expected_actual("vocab_size (the target's V)", target.vocab_size, layer["vocab_size"]))
+        problems.append(
+            expected_actual("vocab_size (the target's V)", target.vocab_size, layer["vocab_size"])
+        )
     if layer["target_hidden_size"] != target.hidden_size:
-        problems.append(expected_actual("target_hidden_size (the target's Ht)", target.hidden_size, layer["target_hidden_size"]))
+        problems.append(
+            expected_actual(
+                "target_hidden_size (the target's Ht)", target.hidden_size, layer["target_hidden_size"]
+            )
+        )
     if problems:
         raise ConfigError(
             f"{where}: the draft was not built for this target ({target.architecture} at {target.path}):\n  "
@@ -199,19 +228,39 @@ def import_draft(
     foreign = READERS[fmt](config, str(cfg_path))
     _check_against_target(foreign.layer, target, str(cfg_path))
     tensors = read_weights(src)
-    boundaries, numbering_name, how = resolve_boundaries(foreign, target.num_layers, stated=numbering, src=src)
-    draft_cfg = DraftConfig(**foreign.layer, num_aux=len(boundaries))
+    boundaries, numbering_name, how = resolve_boundaries(
+        foreign, target.num_layers, stated=numbering, src=src
+    )
+    provenance = {
+        "imported_from": str(src.resolve()),
+        "format": fmt,
+        "layer_ids": None if foreign.layer_ids is None else list(foreign.layer_ids),
+        "numbering": numbering_name,
+        "numbering_from": how,
+    }
+    draft_cfg = DraftConfig(**foreign.layer, num_aux=len(boundaries), extra=provenance)
     model = Eagle3Draft(draft_cfg)
     state, notes = engine_state_dict(tensors, fmt, model, target, str(src))
     model.load_state_dict(state)
     contract = build_contract(target, boundaries)
     if (src / CONTRACT_FILE).exists():
-        require_same_wiring(Contract.load(src), contract, names=(f"{src / CONTRACT_FILE}", "the imported draft on this target"))
+        require_same_wiring(
+            Contract.load(src),
+            contract,
+            names=(f"{src / CONTRACT_FILE}", "the imported draft on this target"),
+        )
     save_draft(model, contract, out)
     all_notes = (*foreign.notes, *notes)
     for n in all_notes:
         log.info("%s", n)
-    log.info("imported %s draft from %s: boundaries %s (%s, from %s)", fmt, src, list(boundaries), numbering_name, how)
+    log.info(
+        "imported %s draft from %s: boundaries %s (%s, from %s)",
+        fmt,
+        src,
+        list(boundaries),
+        numbering_name,
+        how,
+    )
     return ImportResult(
         out=out,
         format=fmt,

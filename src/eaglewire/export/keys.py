@@ -124,7 +124,12 @@ LLAMA_LAYER_KEYS = frozenset(
         "mlp_bias",
     }
 )
-SGLANG_CONFIG_KEYS = LLAMA_LAYER_KEYS | {"architectures", "draft_vocab_size", "target_hidden_size", SGLANG_NESTED}
+SGLANG_CONFIG_KEYS = LLAMA_LAYER_KEYS | {
+    "architectures",
+    "draft_vocab_size",
+    "target_hidden_size",
+    SGLANG_NESTED,
+}
 SGLANG_EAGLE_CONFIG_KEYS = frozenset({IDS_KEY, USE_AUX_KEY})
 
 SPECULATORS_CONFIG_KEYS = frozenset(

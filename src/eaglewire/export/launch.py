@@ -37,6 +37,9 @@ class BestSetting:
     topk: int = help_field("SGLang --speculative-eagle-topk")
     num_draft_tokens: int = help_field("SGLang --speculative-num-draft-tokens")
     source: str = help_field("where the numbers came from (benchmark run, file)", default="")
+    batch_size: int = help_field("batch size the setting was measured at", default=1)
+    tokens_per_s: float = help_field("measured decode throughput of this setting", default=0.0)
+    tau: float = help_field("measured acceptance length of this setting", default=0.0)
 
 
 def load_best_setting(path: Path) -> tuple[SpecArgs, str]:
@@ -71,8 +74,15 @@ def resolve_spec_args(
     recorded = Path(draft_dir) / BEST_SETTING_FILE
     if recorded.exists():
         return load_best_setting(recorded)
-    log.info("no %s in %s and no flags: using a chain of %d draft tokens", BEST_SETTING_FILE, draft_dir, DEFAULT_NUM_STEPS)
-    return SpecArgs.chain(DEFAULT_NUM_STEPS), f"default chain ({DEFAULT_NUM_STEPS} steps; no recorded best setting)"
+    log.info(
+        "no %s in %s and no flags: using a chain of %d draft tokens",
+        BEST_SETTING_FILE,
+        draft_dir,
+        DEFAULT_NUM_STEPS,
+    )
+    return SpecArgs.chain(
+        DEFAULT_NUM_STEPS
+    ), f"default chain ({DEFAULT_NUM_STEPS} steps; no recorded best setting)"
 
 
 def vllm_speculative_tokens(spec: SpecArgs) -> int:
@@ -96,7 +106,11 @@ def sglang_command(target: str, draft: Path, spec: SpecArgs, *, dtype: str) -> l
 
 
 def vllm_command(target: str, draft: Path, spec: SpecArgs, *, dtype: str) -> list[str]:
-    speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": vllm_speculative_tokens(spec)}
+    speculative = {
+        "method": "eagle3",
+        "model": str(draft),
+        "num_speculative_tokens": vllm_speculative_tokens(spec),
+    }
     return [*VLLM_SERVER, target, "--speculative-config", json.dumps(speculative), "--dtype", dtype]
 
 
@@ -106,7 +120,13 @@ def render(argv: list[str]) -> str:
 
 def write_launch_script(path: Path, argv: list[str], comments: list[str]) -> Path:
     """An executable bash script running `argv` (extra arguments are passed through)."""
-    lines = ["#!/usr/bin/env bash", *(f"# {c}" for c in comments), "set -euo pipefail", f'exec {render(argv)} "$@"', ""]
+    lines = [
+        "#!/usr/bin/env bash",
+        *(f"# {c}" for c in comments),
+        "set -euo pipefail",
+        f'exec {render(argv)} "$@"',
+        "",
+    ]
     atomic_write_text(path, "\n".join(lines))
     path.chmod(0o755)
     return path

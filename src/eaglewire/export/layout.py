@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 CONVERT_HINT = (
-    "convert it once, on a machine where you trust the file (torch.load unpickles): python -c \"import torch; "
+    'convert it once, on a machine where you trust the file (torch.load unpickles): python -c "import torch; '
     "from safetensors.torch import save_file; sd = torch.load('pytorch_model.bin', map_location='cpu', "
     "weights_only=True); save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')\""
 )
@@ -57,7 +57,12 @@ def engine_to_eaglewire_names(fmt: EngineFormat) -> dict[str, str]:
 
 
 def engine_tensors(
-    state: dict[str, torch.Tensor], fmt: EngineFormat, *, dtype: torch.dtype, with_vocab_map: bool, vocab_size: int
+    state: dict[str, torch.Tensor],
+    fmt: EngineFormat,
+    *,
+    dtype: torch.dtype,
+    with_vocab_map: bool,
+    vocab_size: int,
 ) -> dict[str, torch.Tensor]:
     """eaglewire state dict -> the engine's tensors (weights cast to `dtype`; d2t int64, t2d bool)."""
     out: dict[str, torch.Tensor] = {}
@@ -97,7 +102,9 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if name in out:
-                    raise CheckpointError(f"{directory}: tensor {name!r} appears in both {origin[name]} and {path.name}")
+                    raise CheckpointError(
+                        f"{directory}: tensor {name!r} appears in both {origin[name]} and {path.name}"
+                    )
                 out[name] = f.get_tensor(name)
                 origin[name] = path.name
     log.debug("read %d tensors from %s", len(out), directory)

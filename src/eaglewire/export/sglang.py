@@ -50,7 +50,9 @@ def sglang_layer_ids(contract: Contract, generation: str | None) -> tuple[tuple[
     L = contract.target.num_layers
     numbering = parse_generation(generation)
     if numbering is None:
-        return sglang_ids_unambiguous(contract.aux_boundaries, L), "sglang (both generations read these alike)"
+        return sglang_ids_unambiguous(
+            contract.aux_boundaries, L
+        ), "sglang (both generations read these alike)"
     ids = from_boundaries(contract.aux_boundaries, numbering, L)
     if ids is None:  # pragma: no cover - only EAGLE returns None
         raise BoundaryError(f"no SGLang ids for {list(contract.aux_boundaries)}")
@@ -74,7 +76,10 @@ def sglang_config(cfg: DraftConfig, layer_ids: tuple[int, ...], *, dtype: str) -
 def read_sglang(config: dict[str, Any], where: str) -> ForeignDraft:
     """Read an SGLang export's config.json (ids stay in SGLang's numbering; the caller resolves them)."""
     require_architecture(
-        config, SGLANG_ARCHITECTURE, where, hint="use --format vllm for a speculators export, --format eagle for EAGLE's own"
+        config,
+        SGLANG_ARCHITECTURE,
+        where,
+        hint="use --format vllm for a speculators export, --format eagle for EAGLE's own",
     )
     notes: list[str] = []
     layer = read_llama_layer(config, where, notes)

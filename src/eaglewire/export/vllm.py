@@ -62,7 +62,9 @@ def speculators_config(
         "torch_dtype": dtype,
         "speculators_config": {
             "algorithm": SPECULATORS_MODEL_TYPE,
-            "proposal_methods": [{"proposal_type": SPECULATORS_PROPOSAL_TYPE, "speculative_tokens": speculative_tokens}],
+            "proposal_methods": [
+                {"proposal_type": SPECULATORS_PROPOSAL_TYPE, "speculative_tokens": speculative_tokens}
+            ],
             "default_proposal_method": SPECULATORS_PROPOSAL_TYPE,
             "verifier": {"name_or_path": verifier_name_or_path, "architectures": [verifier_architecture]},
         },
@@ -77,10 +79,14 @@ def read_speculators(config: dict[str, Any], where: str) -> ForeignDraft:
             f"{where}: {expected_actual('speculators_model_type', repr(SPECULATORS_MODEL_TYPE), repr(kind))}",
             fix="use --format sglang for an SGLang export, --format eagle for EAGLE's own checkpoints",
         )
-    require_architecture(config, SPECULATORS_ARCHITECTURE, where, hint="a speculators Eagle3 export names Eagle3Speculator")
+    require_architecture(
+        config, SPECULATORS_ARCHITECTURE, where, hint="a speculators Eagle3 export names Eagle3Speculator"
+    )
     layer_cfg = config.get("transformer_layer_config")
     if not isinstance(layer_cfg, dict):
-        raise ConfigError(f"{where}: {expected_actual('transformer_layer_config', 'an object', repr(layer_cfg))}")
+        raise ConfigError(
+            f"{where}: {expected_actual('transformer_layer_config', 'an object', repr(layer_cfg))}"
+        )
     notes: list[str] = []
     layer = read_llama_layer(layer_cfg, f"{where}: transformer_layer_config", notes)
     if "norm_before_residual" not in config:
@@ -95,7 +101,9 @@ def read_speculators(config: dict[str, Any], where: str) -> ForeignDraft:
         )
     for flag in UNSUPPORTED_FLAGS:
         if config.get(flag):
-            raise ConfigError(f"{where}: {expected_actual(flag, 'false', config[flag])} (variant not implemented by eaglewire)")
+            raise ConfigError(
+                f"{where}: {expected_actual(flag, 'false', config[flag])} (variant not implemented by eaglewire)"
+            )
     if not isinstance(config.get("draft_vocab_size"), int):
         raise ConfigError(
             f"{where}: {expected_actual('draft_vocab_size', 'an integer', repr(config.get('draft_vocab_size')))} "
@@ -104,4 +112,6 @@ def read_speculators(config: dict[str, Any], where: str) -> ForeignDraft:
     layer["draft_vocab_size"] = int(config["draft_vocab_size"])
     layer["target_hidden_size"] = int(config.get("target_hidden_size") or layer["hidden_size"])
     ids = read_ids(config.get(IDS_KEY), f"{where}: {IDS_KEY}")
-    return ForeignDraft(fmt="vllm", layer=layer, layer_ids=ids, format_numbering=Numbering.SPECULATORS, notes=tuple(notes))
+    return ForeignDraft(
+        fmt="vllm", layer=layer, layer_ids=ids, format_numbering=Numbering.SPECULATORS, notes=tuple(notes)
+    )

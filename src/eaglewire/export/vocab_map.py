@@ -20,10 +20,14 @@ import torch
 from eaglewire.errors import CheckpointError
 
 
-def validate_draft_to_target(draft_to_target: torch.Tensor, vocab_size: int, *, where: str = "draft_to_target") -> None:
+def validate_draft_to_target(
+    draft_to_target: torch.Tensor, vocab_size: int, *, where: str = "draft_to_target"
+) -> None:
     """Absolute ids [Vd]: integers in 0..V-1, no target id twice, Vd <= V."""
     if draft_to_target.dim() != 1:
-        raise CheckpointError(f"{where}: expected a 1-D [Vd] tensor, got shape {tuple(draft_to_target.shape)}")
+        raise CheckpointError(
+            f"{where}: expected a 1-D [Vd] tensor, got shape {tuple(draft_to_target.shape)}"
+        )
     if draft_to_target.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
         raise CheckpointError(f"{where}: expected integer ids, got dtype {draft_to_target.dtype}")
     vd = int(draft_to_target.numel())
@@ -37,7 +41,9 @@ def validate_draft_to_target(draft_to_target: torch.Tensor, vocab_size: int, *, 
             f"(first bad draft ids: {bad})"
         )
     if len(torch.unique(draft_to_target)) != vd:
-        raise CheckpointError(f"{where}: {vd - len(torch.unique(draft_to_target))} target ids appear twice; the map must be one-to-one")
+        raise CheckpointError(
+            f"{where}: {vd - len(torch.unique(draft_to_target))} target ids appear twice; the map must be one-to-one"
+        )
 
 
 def absolute_to_offsets(draft_to_target: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +93,11 @@ def offsets_to_absolute(
             raise CheckpointError(f"{where}: tensor 'd2t': expected an integer dtype, got {d2t.dtype}")
         d2t = d2t.long()
         if draft_vocab_size < vocab_size and bool((d2t == 0).all()):
-            prefix_t2d = t2d is not None and bool(t2d.bool()[:draft_vocab_size].all()) and int(t2d.bool().sum()) == draft_vocab_size
+            prefix_t2d = (
+                t2d is not None
+                and bool(t2d.bool()[:draft_vocab_size].all())
+                and int(t2d.bool().sum()) == draft_vocab_size
+            )
             if not prefix_t2d:
                 raise CheckpointError(
                     f"{where}: tensor 'd2t' is all zeros while draft_vocab_size={draft_vocab_size} < "
@@ -107,7 +117,9 @@ def offsets_to_absolute(
 
 def _check_t2d(t2d: torch.Tensor, absolute: torch.Tensor, *, vocab_size: int, where: str) -> None:
     if t2d.dim() != 1 or int(t2d.numel()) != vocab_size:
-        raise CheckpointError(f"{where}: tensor 't2d': expected shape ({vocab_size},) (vocab_size), got {tuple(t2d.shape)}")
+        raise CheckpointError(
+            f"{where}: tensor 't2d': expected shape ({vocab_size},) (vocab_size), got {tuple(t2d.shape)}"
+        )
     mask = t2d.bool()
     count = int(mask.sum())
     if count != int(absolute.numel()):

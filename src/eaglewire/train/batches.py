@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
 
 from eaglewire.errors import DataFormatError
+from eaglewire.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +48,33 @@ Row = tuple[Slot, ...]
 
 
 def record_lengths(source: RecordSource[Any]) -> list[int]:
-    """Token count of every record; uses `source.lengths` when the dataset keeps an index."""
+    """Token count of every record without reading hidden states where the dataset allows it:
+    `source.lengths` (a method or a sequence, e.g. TokenizedDataset), the `offsets` tensor of each
+    shard file (ShardDataset's documented layout), else each record's input_ids."""
     lengths = getattr(source, "lengths", None)
     if lengths is not None:
-        out = [int(n) for n in lengths]
-        if len(out) != len(source):
-            raise DataFormatError(f"dataset lengths index has {len(out)} entries but the dataset has {len(source)} records")
-        return out
-    return [int(source[i].input_ids.shape[0]) for i in range(len(source))]
+        values = lengths() if callable(lengths) else lengths
+        out = [int(n) for n in values]
+    elif hasattr(source, "shards") and hasattr(source, "directory"):
+        out = _shard_lengths(source)
+    else:
+        out = [int(source[i].input_ids.shape[0]) for i in range(len(source))]
+    if len(out) != len(source):
+        raise DataFormatError(
+            f"dataset length index has {len(out)} entries but the dataset has {len(source)} records"
+        )
+    return out
+
+
+def _shard_lengths(source: Any) -> list[int]:
+    from safetensors import safe_open
+
+    out: list[int] = []
+    for info in source.shards:
+        with safe_open(str(Path(source.directory) / info.file), framework="pt") as f:
+            offsets = f.get_tensor("offsets")
+        out.extend(int(n) for n in offsets[1:] - offsets[:-1])
+    return out
 
 
 def epoch_order(num_records: int, *, seed: int, epoch: int) -> list[int]:
@@ -148,7 +169,9 @@ def check_record_tokens(rec: Any) -> None:
         )
 
 
-def scatter_rows(rows: Sequence[Row], per_record: Sequence[torch.Tensor], *, fill: float = 0.0) -> torch.Tensor:
+def scatter_rows(
+    rows: Sequence[Row], per_record: Sequence[torch.Tensor], *, fill: float = 0.0
+) -> torch.Tensor:
     """Place per-record tensors [T_i, ...] (slot order) into a [B, T, ...] tensor (padding = fill)."""
     B, T = len(rows), row_length(rows)
     first = per_record[0]
@@ -166,7 +189,9 @@ def fetch_rows(source: RecordSource[Any], rows: Sequence[Row]) -> list[Any]:
     return [source[slot.record] for row in rows for slot in row]
 
 
-def split_for_rank(group: Sequence[Row], *, rank: int, world_size: int, batch_size: int, accum: int) -> list[list[Row]]:
+def split_for_rank(
+    group: Sequence[Row], *, rank: int, world_size: int, batch_size: int, accum: int
+) -> list[list[Row]]:
     """The micro-batches (lists of rows) this process runs for one optimizer step.
 
     The group holds world_size*accum*batch_size rows. Micro-batch a of rank r gets rows
@@ -182,3 +207,23 @@ def split_for_rank(group: Sequence[Row], *, rank: int, world_size: int, batch_si
             out.append(part)
     return out
 
+
+def plan_groups(lengths: list[int], config: TrainConfig, *, epoch: int, world_size: int) -> list[list[Row]]:
+    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows)."""
+    rows = plan_rows(
+        lengths,
+        epoch_order(len(lengths), seed=config.seed, epoch=epoch),
+        max_length=config.max_length,
+        pack=config.pack,
+    )
+    size = world_size * config.grad_accum_steps * config.batch_size
+    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
+    if world_size > 1 and groups and len(groups[-1]) < size:
+        log.info(
+            "epoch %d: dropping the last %d rows (an incomplete step across %d processes)",
+            epoch,
+            len(groups[-1]),
+            world_size,
+        )
+        groups.pop()
+    return groups

@@ -59,7 +59,9 @@ def flatten_optimizer_state(state: dict[str, Any]) -> tuple[dict[str, torch.Tens
                 tensors[f"{i}.{key}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(i), {})[key] = value
-    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state["param_groups"]]
+    groups = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state["param_groups"]
+    ]
     return tensors, {"format": FORMAT, "params": names, "scalars": scalars, "param_groups": groups}
 
 
@@ -81,11 +83,16 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{i}"] = s
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
     py_version, py_state, py_gauss = random.getstate()
     meta = {
-        "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
     }
     return tensors, meta
@@ -99,7 +106,9 @@ def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(states)
     np_meta = meta["numpy"]
     keys = tensors["numpy_keys"].numpy().astype(np.uint32)
-    np.random.set_state((np_meta["kind"], keys, np_meta["pos"], np_meta["has_gauss"], np_meta["cached_gaussian"]))
+    np.random.set_state(
+        (np_meta["kind"], keys, np_meta["pos"], np_meta["has_gauss"], np_meta["cached_gaussian"])
+    )
     py = meta["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
 
@@ -137,8 +146,11 @@ def save_checkpoint(
     try:
         check_draft_matches_contract(draft_config, contract, where=str(final))
         draft_config.save(tmp)
-        save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / WEIGHTS_FILE),
-                  metadata={"format": "pt", "producer": "eaglewire"})
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in model_state.items()},
+            str(tmp / WEIGHTS_FILE),
+            metadata={"format": "pt", "producer": "eaglewire"},
+        )
         contract.save(tmp)
         opt_tensors, opt_index = flatten_optimizer_state(optimizer_state)
         save_file(opt_tensors, str(tmp / OPTIMIZER_TENSORS))
@@ -154,7 +166,9 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_json(out_dir / LATEST_FILE, {"checkpoint": f"{CHECKPOINTS_DIR}/{final.name}", "optimizer_step": step})
+    atomic_write_json(
+        out_dir / LATEST_FILE, {"checkpoint": f"{CHECKPOINTS_DIR}/{final.name}", "optimizer_step": step}
+    )
     prune_checkpoints(out_dir, keep=keep, protect=final)
     log.info("checkpoint written: %s", final)
     return final
@@ -190,7 +204,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
             raise CheckpointError(f"checkpoint {path}: {name} missing")
     trainer_state = read_json_file(path / TRAINER_STATE_FILE)
     if trainer_state.get("format") != FORMAT:
-        raise CheckpointError(f"{path / TRAINER_STATE_FILE}: format expected {FORMAT!r}, got {trainer_state.get('format')!r}")
+        raise CheckpointError(
+            f"{path / TRAINER_STATE_FILE}: format expected {FORMAT!r}, got {trainer_state.get('format')!r}"
+        )
     return Checkpoint(
         path=path,
         model_state=load_file(str(path / WEIGHTS_FILE)),

@@ -25,8 +25,12 @@ Parallel = Literal["ddp", "fsdp"]
 @dataclass(frozen=True)
 class TrainConfig:
     # --- training-time test ---
-    ttt_steps: int = help_field("S: unrolled draft steps per position (the draft feeds itself S-1 times)", default=7)
-    step_weight_decay: float = help_field("loss weight of step s is step_weight_decay**s (EAGLE-3: 0.8)", default=0.8)
+    ttt_steps: int = help_field(
+        "S: unrolled draft steps per position (the draft feeds itself S-1 times)", default=7
+    )
+    step_weight_decay: float = help_field(
+        "loss weight of step s is step_weight_decay**s (EAGLE-3: 0.8)", default=0.8
+    )
     loss: LossKind = help_field(
         "'soft_ce': cross-entropy against the target's distribution restricted to the draft vocab; "
         "'kl': the same minus the target entropy (same gradient, reaches 0 at a perfect match)",
@@ -40,29 +44,49 @@ class TrainConfig:
     adam_beta1: float = help_field("AdamW beta1", default=0.9)
     adam_beta2: float = help_field("AdamW beta2", default=0.95)
     adam_eps: float = help_field("AdamW epsilon", default=1e-8)
-    max_grad_norm: float = help_field("clip the global gradient norm to this; 0 disables clipping", default=0.5)
-    train_embeddings: bool = help_field("also train embed_tokens (copied from the target; frozen by default)", default=False)
+    max_grad_norm: float = help_field(
+        "clip the global gradient norm to this; 0 disables clipping", default=0.5
+    )
+    train_embeddings: bool = help_field(
+        "also train embed_tokens (copied from the target; frozen by default)", default=False
+    )
     # --- batching ---
     max_length: int = help_field("tokens per row; longer records are truncated (and counted)", default=2048)
-    pack: bool = help_field("pack several records into one row (attention never crosses records)", default=True)
+    pack: bool = help_field(
+        "pack several records into one row (attention never crosses records)", default=True
+    )
     batch_size: int = help_field("rows per micro-batch per process", default=1)
     grad_accum_steps: int = help_field("micro-batches per optimizer step per process", default=1)
     epochs: int = help_field("passes over the training records", default=1)
     max_steps: int = help_field("stop after this many optimizer steps; 0 = epochs decide", default=0)
     # --- evaluation, checkpoints, logging ---
-    eval_every: int = help_field("optimizer steps between held-out evaluations; 0 = only at the end", default=0)
+    eval_every: int = help_field(
+        "optimizer steps between held-out evaluations; 0 = only at the end", default=0
+    )
     eval_max_records: int = help_field("evaluate on at most this many held-out records; 0 = all", default=0)
     checkpoint_every: int = help_field("optimizer steps between checkpoints; 0 = only at the end", default=0)
     keep_checkpoints: int = help_field("how many recent checkpoints to keep on disk", default=2)
     log_every: int = help_field("optimizer steps between metrics lines", default=1)
-    tensorboard: bool = help_field("also write TensorBoard event files (needs the tensorboard package)", default=False)
+    tensorboard: bool = help_field(
+        "also write TensorBoard event files (needs the tensorboard package)", default=False
+    )
     # --- runtime ---
     seed: int = help_field("seed for the shuffling order and any randomness", default=0)
     precision: Precision = help_field("'auto' = bf16 autocast on CUDA, fp32 on CPU", default="auto")
-    parallel: Parallel = help_field("multi-process strategy under torchrun: 'ddp' or 'fsdp' (FSDP2)", default="ddp")
+    parallel: Parallel = help_field(
+        "multi-process strategy under torchrun: 'ddp' or 'fsdp' (FSDP2)", default="ddp"
+    )
 
     def __post_init__(self) -> None:
-        positive = ("ttt_steps", "max_length", "batch_size", "grad_accum_steps", "epochs", "log_every", "keep_checkpoints")
+        positive = (
+            "ttt_steps",
+            "max_length",
+            "batch_size",
+            "grad_accum_steps",
+            "epochs",
+            "log_every",
+            "keep_checkpoints",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")

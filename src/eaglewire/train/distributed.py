@@ -45,7 +45,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={value!r}: expected an integer (set by torchrun)") from None
+        raise ConfigError(
+            f"environment variable {name}={value!r}: expected an integer (set by torchrun)"
+        ) from None
 
 
 def init_distributed(device: str | None = None) -> DistContext:
@@ -128,8 +130,10 @@ def set_gradient_sync(module: nn.Module, enabled: bool) -> Any:
     """Context manager skipping the gradient all-reduce for accumulation micro-batches."""
     import contextlib
 
-    if hasattr(module, "no_sync") and not enabled:
-        return module.no_sync()
-    if hasattr(module, "set_requires_gradient_sync"):
-        module.set_requires_gradient_sync(enabled)
+    no_sync = getattr(module, "no_sync", None)  # DDP
+    if callable(no_sync) and not enabled:
+        return no_sync()
+    set_sync = getattr(module, "set_requires_gradient_sync", None)  # FSDP2
+    if callable(set_sync):
+        set_sync(enabled)
     return contextlib.nullcontext()

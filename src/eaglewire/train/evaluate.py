@@ -52,7 +52,9 @@ RANK_CAP = 32767  # ranks are stored as int16
 def predicted_tau_chain(cond_acc: Sequence[float], k: int) -> float:
     """tau_pred = 1 + sum_{s=1..k} prod_{j<=s} cond_acc[j-1]; a NaN (no positions) counts as 0."""
     if k < 0 or k > len(cond_acc):
-        raise ConfigError(f"chain length k={k}: expected 0..{len(cond_acc)} (accuracy measured for {len(cond_acc)} steps)")
+        raise ConfigError(
+            f"chain length k={k}: expected 0..{len(cond_acc)} (accuracy measured for {len(cond_acc)} steps)"
+        )
     tau, prod = 1.0, 1.0
     for a in cond_acc[:k]:
         prod *= a if math.isfinite(a) else 0.0
@@ -83,7 +85,10 @@ def predicted_tau_tree(ranks: torch.Tensor, valid: torch.Tensor, tree: Sequence[
     nodes = validate_tree(tree)
     depth = max(len(p) for p in nodes)
     if depth > ranks.shape[1]:
-        raise ConfigError(f"tree depth {depth} exceeds the {ranks.shape[1]} steps evaluated", fix=f"evaluate with --num-steps {depth}")
+        raise ConfigError(
+            f"tree depth {depth} exceeds the {ranks.shape[1]} steps evaluated",
+            fix=f"evaluate with --num-steps {depth}",
+        )
     tau = 1.0
     for path in nodes:
         match = torch.ones(ranks.shape[0], dtype=torch.bool)
@@ -169,7 +174,9 @@ def evaluate_model(
         if with_ranks and out.ranks is not None:
             keep = step_in_range(b.doc_ids, 0)  # [B, T]
             rank_parts.append(out.ranks[:, keep].T.clamp_max(RANK_CAP).to(torch.int16).cpu())  # [N, S]
-            valid = torch.stack([step_valid(b.doc_ids, b.loss_mask, s) for s in range(num_steps)])  # [S, B, T]
+            valid = torch.stack(
+                [step_valid(b.doc_ids, b.loss_mask, s) for s in range(num_steps)]
+            )  # [S, B, T]
             valid_parts.append(valid[:, keep].T.cpu())
     model.train(was_training)
     all_reduce_sum(counts.table, ctx)
@@ -181,3 +188,44 @@ def evaluate_model(
         valid_t = torch.cat(all_gather_objects(valid_t, ctx))
     num_records = sum(len(row) for row in rows)
     return EvalResult(counts, step_weights, ranks, valid_t, num_records, int(tokens))
+
+
+def evaluate_draft(
+    draft: Any,
+    draft_contract: Any,
+    target_side: TargetSide,
+    data: RecordSource[Any],
+    *,
+    num_steps: int,
+    batch_size: int = 1,
+    max_length: int = 2048,
+    pack: bool = True,
+    max_records: int = 0,
+    device: str | torch.device = "cpu",
+    precision: str = "auto",
+    step_weight_decay: float = 0.8,
+) -> EvalResult:
+    """Evaluate a trained draft (an Eagle3Draft) on held-out records in one process.
+
+    Checks the data's contract against the draft's first (ContractMismatchError names both).
+    """
+    from eaglewire.train.objective import TTTObjective, autocast_for
+    from eaglewire.train.target_side import check_data_contract
+
+    check_data_contract(draft_contract, target_side.data_contract)
+    target_side.verify(draft_contract)
+    dev = torch.device(device)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=dev)
+    model = TTTObjective(draft.to(dev), num_steps)
+    rows = eval_rows(data, max_length=max_length, pack=pack, max_records=max_records)
+    return evaluate_model(
+        model,
+        target_side,
+        data,
+        rows,
+        ctx=ctx,
+        batch_size=batch_size,
+        num_steps=num_steps,
+        step_weights=[step_weight_decay**s for s in range(num_steps)],
+        autocast=autocast_for(precision, dev),
+    )

@@ -10,7 +10,6 @@ however it is split into processes and accumulation micro-batches.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -26,13 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from eaglewire.contract.contract import Contract, contract_diff
+from eaglewire.contract.contract import Contract
 from eaglewire.draft.io import check_draft_matches_contract, save_draft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import CheckpointError, ConfigError, ContractMismatchError, TrainingError
+from eaglewire.errors import CheckpointError, ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_rows, record_lengths, split_for_rank
-from eaglewire.train.batches import epoch_order as make_epoch_order
+from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_groups, record_lengths, split_for_rank
 from eaglewire.train.checkpoint import Checkpoint, find_latest, load_checkpoint, restore_rng, save_checkpoint
 from eaglewire.train.config import TrainConfig, config_diff
 from eaglewire.train.distributed import (
@@ -47,10 +45,10 @@ from eaglewire.train.distributed import (
 )
 from eaglewire.train.evaluate import EvalResult, eval_rows, evaluate_model
 from eaglewire.train.loss import StepCounts
-from eaglewire.train.objective import TTTObjective
+from eaglewire.train.objective import TTTObjective, autocast_for
 from eaglewire.train.reporting import MetricsSink, Progress
 from eaglewire.train.schedule import build_optimizer, lr_at, set_lr, trainable_parameters
-from eaglewire.train.target_side import TargetSide, TrainInputs
+from eaglewire.train.target_side import TargetSide, TrainInputs, check_data_contract, check_dataset_identity
 from eaglewire.train.ttt import step_valid
 
 log = logging.getLogger(__name__)
@@ -71,38 +69,6 @@ class TrainResult:
     tokens_per_s: float
 
 
-def check_data_contract(draft_contract: Contract, data_contract: Contract) -> None:
-    """Stop before step 1 when the data's hidden states are not the ones the draft is wired for."""
-    diffs = contract_diff(draft_contract, data_contract, names=("draft", "data"))
-    if diffs:
-        both = ["draft contract:", *(f"    {x}" for x in draft_contract.describe()),
-                "data contract:", *(f"    {x}" for x in data_contract.describe())]
-        raise ContractMismatchError(
-            "the training data does not carry the hidden states the draft is wired for:\n  "
-            + "\n  ".join(diffs) + "\n  " + "\n  ".join(both),
-            fix="capture the data from the same target with the draft's aux boundaries, or init the draft from the data's contract",
-        )
-
-
-def autocast_for(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
-    if bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def plan_groups(lengths: list[int], config: TrainConfig, *, epoch: int, world_size: int) -> list[list[Row]]:
-    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows)."""
-    rows = plan_rows(lengths, make_epoch_order(len(lengths), seed=config.seed, epoch=epoch),
-                     max_length=config.max_length, pack=config.pack)
-    size = world_size * config.grad_accum_steps * config.batch_size
-    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
-    if world_size > 1 and groups and len(groups[-1]) < size:
-        log.info("epoch %d: dropping the last %d rows (an incomplete step across %d processes)", epoch, len(groups[-1]), world_size)
-        groups.pop()
-    return groups
-
-
 class Trainer:
     def __init__(
         self,
@@ -121,16 +87,27 @@ class Trainer:
         self.out_dir, self.eval_data, self.contract = Path(out_dir), eval_data, draft_contract
         check_draft_matches_contract(draft.config, draft_contract)
         check_data_contract(draft_contract, target_side.data_contract)
+        check_dataset_identity(data, draft_contract, name="training data")
+        if getattr(data, "meta", {}).get("split") == "eval":
+            raise ConfigError(
+                "the training data is a held-out evaluation split (index.json split='eval')",
+                fix="train on a dataset built with --split train; pass this one as eval data",
+            )
         target_side.verify(draft_contract)
         ckpt = self._resume_or_start(resume)
         self.weights = config.step_weights()
         self.lengths = record_lengths(data)
-        self.plans = [plan_groups(self.lengths, config, epoch=e, world_size=ctx.world_size) for e in range(config.epochs)]
+        self.plans = [
+            plan_groups(self.lengths, config, epoch=e, world_size=ctx.world_size)
+            for e in range(config.epochs)
+        ]
         total = sum(len(p) for p in self.plans)
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         if self.total_steps == 0:
-            raise ConfigError(f"no optimizer steps: {len(self.lengths)} records make no complete step "
-                              f"(batch_size={config.batch_size}, grad_accum_steps={config.grad_accum_steps}, processes={ctx.world_size})")
+            raise ConfigError(
+                f"no optimizer steps: {len(self.lengths)} records make no complete step "
+                f"(batch_size={config.batch_size}, grad_accum_steps={config.grad_accum_steps}, processes={ctx.world_size})"
+            )
         draft.to(ctx.device).train()
         draft.embed_tokens.weight.requires_grad_(config.train_embeddings)
         if ckpt is not None:
@@ -142,9 +119,13 @@ class Trainer:
         self.step, self.epoch, self.group, self.tokens_seen = 0, 0, 0, 0
         if ckpt is not None:
             self._restore(ckpt)
-        self.autocast = autocast_for(config, ctx.device)
-        self.sink = MetricsSink(self.out_dir, enabled=ctx.is_main, tensorboard=config.tensorboard,
-                                resume_step=self.step if ckpt is not None else None)
+        self.autocast = autocast_for(config.precision, ctx.device)
+        self.sink = MetricsSink(
+            self.out_dir,
+            enabled=ctx.is_main,
+            tensorboard=config.tensorboard,
+            resume_step=self.step if ckpt is not None else None,
+        )
         self.last_checkpoint_step = self.step if ckpt is not None else -1
 
     # --- setup ---
@@ -152,20 +133,27 @@ class Trainer:
         latest = find_latest(self.out_dir) if self.out_dir.exists() else None
         if not resume:
             if latest is not None:
-                raise ConfigError(f"{self.out_dir} already holds a training run (latest: {latest})",
-                                  fix="pass --resume to continue it, or choose another --out")
+                raise ConfigError(
+                    f"{self.out_dir} already holds a training run (latest: {latest})",
+                    fix="pass --resume to continue it, or choose another --out",
+                )
             if self.ctx.is_main:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 self.cfg.save(self.out_dir)
             barrier(self.ctx)
             return None
         if latest is None:
-            raise CheckpointError(f"--resume: {self.out_dir} has no checkpoint (latest.json)", fix="drop --resume to start a new run")
+            raise CheckpointError(
+                f"--resume: {self.out_dir} has no checkpoint (latest.json)",
+                fix="drop --resume to start a new run",
+            )
         stored = TrainConfig.load(self.out_dir)
         diffs = config_diff(stored, self.cfg, names=("stored", "given"))
         if diffs:
-            raise ConfigError("--resume: the training config differs from the run's:\n  " + "\n  ".join(diffs),
-                              fix="resume with the run's own settings (train_config.json in the run directory)")
+            raise ConfigError(
+                "--resume: the training config differs from the run's:\n  " + "\n  ".join(diffs),
+                fix="resume with the run's own settings (train_config.json in the run directory)",
+            )
         return load_checkpoint(latest)
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -177,10 +165,23 @@ class Trainer:
                 f"({self.ctx.world_size} processes x grad_accum_steps x batch_size); the data position would not line up",
                 fix="resume with the same number of processes, or scale batch_size to keep the product",
             )
-        set_optimizer_state_dict(self.model, self.optimizer, ckpt.optimizer_state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.model, self.optimizer, ckpt.optimizer_state, options=StateDictOptions(full_state_dict=True)
+        )
         restore_rng(ckpt.rng_tensors, st["rng"])
-        self.step, self.epoch, self.group, self.tokens_seen = st["optimizer_step"], st["epoch"], st["group"], st["tokens_seen"]
-        log.info("resumed from %s at optimizer step %d (epoch %d, group %d)", ckpt.path, self.step, self.epoch, self.group)
+        self.step, self.epoch, self.group, self.tokens_seen = (
+            st["optimizer_step"],
+            st["epoch"],
+            st["group"],
+            st["tokens_seen"],
+        )
+        log.info(
+            "resumed from %s at optimizer step %d (epoch %d, group %d)",
+            ckpt.path,
+            self.step,
+            self.epoch,
+            self.group,
+        )
 
     # --- one optimizer step ---
     def _normalizers(self, inputs: list[TrainInputs]) -> torch.Tensor:
@@ -194,12 +195,19 @@ class Trainer:
 
     def _train_step(self, group: list[Row]) -> tuple[dict[str, Any], float, int]:
         cfg, ctx = self.cfg, self.ctx
-        micro = split_for_rank(group, rank=ctx.rank, world_size=ctx.world_size, batch_size=cfg.batch_size,
-                               accum=cfg.grad_accum_steps)
+        micro = split_for_rank(
+            group,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            batch_size=cfg.batch_size,
+            accum=cfg.grad_accum_steps,
+        )
         inputs = [self.target_side.prepare(rows, fetch_rows(self.data, rows), ctx.device) for rows in micro]
         n_valid = self._normalizers(inputs)
         w = torch.tensor(self.weights, dtype=torch.float64, device=ctx.device)
-        scale = torch.where(n_valid > 0, w * ctx.world_size / n_valid.clamp_min(1), torch.zeros_like(w)).float()
+        scale = torch.where(
+            n_valid > 0, w * ctx.world_size / n_valid.clamp_min(1), torch.zeros_like(w)
+        ).float()
         counts = StepCounts(cfg.ttt_steps, device=ctx.device)
         bad: list[str] = []
         for i, inp in enumerate(inputs):
@@ -241,22 +249,50 @@ class Trainer:
     def evaluate(self) -> EvalResult | None:
         if self.eval_data is None or len(self.eval_data) == 0:
             return None
-        rows = eval_rows(self.eval_data, max_length=self.cfg.max_length, pack=self.cfg.pack, max_records=self.cfg.eval_max_records)
-        return evaluate_model(self.model, self.target_side, self.eval_data, rows, ctx=self.ctx, batch_size=self.cfg.batch_size,
-                              num_steps=self.cfg.ttt_steps, step_weights=self.weights, autocast=self.autocast, with_ranks=False)
+        rows = eval_rows(
+            self.eval_data,
+            max_length=self.cfg.max_length,
+            pack=self.cfg.pack,
+            max_records=self.cfg.eval_max_records,
+        )
+        return evaluate_model(
+            self.model,
+            self.target_side,
+            self.eval_data,
+            rows,
+            ctx=self.ctx,
+            batch_size=self.cfg.batch_size,
+            num_steps=self.cfg.ttt_steps,
+            step_weights=self.weights,
+            autocast=self.autocast,
+            with_ranks=False,
+        )
 
     def checkpoint(self) -> None:
         model_state = get_model_state_dict(self.model, options=_FULL)
         optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
         if self.ctx.is_main:
-            state = {k.removeprefix("draft."): v for k, v in model_state.items()}
+            state = {
+                k.removeprefix("draft."): v for k, v in model_state.items() if isinstance(v, torch.Tensor)
+            }
             save_checkpoint(
-                self.out_dir, step=self.step, model_state=state, draft_config=self.draft.config, contract=self.contract,
-                optimizer_state=optim_state, keep=self.cfg.keep_checkpoints,
-                trainer_state={"optimizer_step": self.step, "epoch": self.epoch, "group": self.group,
-                               "tokens_seen": self.tokens_seen, "total_steps": self.total_steps,
-                               "rows_per_step": self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size,
-                               "world_size": self.ctx.world_size, "scheduler": {"kind": "warmup_cosine", "step": self.step}},
+                self.out_dir,
+                step=self.step,
+                model_state=state,
+                draft_config=self.draft.config,
+                contract=self.contract,
+                optimizer_state=optim_state,
+                keep=self.cfg.keep_checkpoints,
+                trainer_state={
+                    "optimizer_step": self.step,
+                    "epoch": self.epoch,
+                    "group": self.group,
+                    "tokens_seen": self.tokens_seen,
+                    "total_steps": self.total_steps,
+                    "rows_per_step": self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size,
+                    "world_size": self.ctx.world_size,
+                    "scheduler": {"kind": "warmup_cosine", "step": self.step},
+                },
             )
         self.last_checkpoint_step = self.step
         barrier(self.ctx)
@@ -278,10 +314,19 @@ class Trainer:
                 if self.ctx.device.type == "cuda":
                     torch.cuda.synchronize(self.ctx.device)
                 dt = time.perf_counter() - t0
-                self.step, self.group, self.tokens_seen = self.step + 1, self.group + 1, self.tokens_seen + tokens
+                self.step, self.group, self.tokens_seen = (
+                    self.step + 1,
+                    self.group + 1,
+                    self.tokens_seen + tokens,
+                )
                 tokens_run, time_run = tokens_run + tokens, time_run + dt
-                last = {**summary, "lr": lr_at(self.step - 1, self.total_steps, cfg), "grad_norm": norm,
-                        "tokens": tokens, "tokens_per_s": tokens / dt if dt > 0 else 0.0}
+                last = {
+                    **summary,
+                    "lr": lr_at(self.step - 1, self.total_steps, cfg),
+                    "grad_norm": norm,
+                    "tokens": tokens,
+                    "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+                }
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     self.sink.write({"split": "train", "step": self.step, "epoch": self.epoch, **last})
                 bar.update(summary, tokens_run / time_run if time_run > 0 else 0.0)
@@ -289,7 +334,11 @@ class Trainer:
                     self._write_eval(self.evaluate())
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.checkpoint()
-                if stop_after_steps is not None and self.step >= stop_after_steps and self.step < self.total_steps:
+                if (
+                    stop_after_steps is not None
+                    and self.step >= stop_after_steps
+                    and self.step < self.total_steps
+                ):
                     log.info("stopping after optimizer step %d as asked (no final checkpoint)", self.step)
                     return self._result(last, None, tokens_run, time_run, final=False)
         finally:
@@ -304,22 +353,38 @@ class Trainer:
         if result is not None:
             self.sink.write({"split": "eval", "step": self.step, "epoch": self.epoch, **result.summary()})
 
-    def _result(self, last: dict[str, Any], final_eval: EvalResult | None, tokens: int, seconds: float, *, final: bool) -> TrainResult:
+    def _result(
+        self, last: dict[str, Any], final_eval: EvalResult | None, tokens: int, seconds: float, *, final: bool
+    ) -> TrainResult:
         draft_dir = self.out_dir / DRAFT_DIR
         eval_summary = final_eval.summary() if final_eval is not None else None
         tps = tokens / seconds if seconds > 0 else 0.0
-        if final and self.ctx.is_main:
-            save_draft(self.draft_cpu_copy(), self.contract, draft_dir)
-            atomic_write_json(self.out_dir / "train_summary.json", {
-                "optimizer_steps": self.step, "tokens_seen": self.tokens_seen, "tokens_per_s": tps,
-                "train": last, "eval": eval_summary, "draft": str(draft_dir)})
+        trained = self.draft_cpu_copy() if final else None  # a collective under FSDP: every process gathers
+        if trained is not None and self.ctx.is_main:
+            save_draft(trained, self.contract, draft_dir)
+            atomic_write_json(
+                self.out_dir / "train_summary.json",
+                {
+                    "optimizer_steps": self.step,
+                    "tokens_seen": self.tokens_seen,
+                    "tokens_per_s": tps,
+                    "train": last,
+                    "eval": eval_summary,
+                    "draft": str(draft_dir),
+                },
+            )
         barrier(self.ctx)
         self.sink.close()
         return TrainResult(self.out_dir, draft_dir, self.step, last, eval_summary, tokens, tps)
 
-    def draft_cpu_copy(self) -> Eagle3Draft:
-        """The trained draft as a plain float32 CPU module (gathers FSDP shards)."""
-        state = {k.removeprefix("draft."): v for k, v in get_model_state_dict(self.model, options=_FULL).items()}
+    def draft_cpu_copy(self) -> Eagle3Draft | None:
+        """The trained draft as a plain float32 CPU module on the main process (None elsewhere).
+        Every process must call it: under FSDP it gathers the shards."""
+        state = {
+            k.removeprefix("draft."): v for k, v in get_model_state_dict(self.model, options=_FULL).items()
+        }
+        if not self.ctx.is_main:
+            return None
         copy = Eagle3Draft(self.draft.config)
         copy.load_state_dict(state)
         return copy
@@ -347,6 +412,15 @@ def train(
     would); `resume=True` continues from `out_dir/latest.json`.
     """
     ctx = ctx or init_distributed()
-    trainer = Trainer(config, draft, draft_contract, data, target_side, out_dir=Path(out_dir), eval_data=eval_data,
-                      resume=resume, ctx=ctx)
+    trainer = Trainer(
+        config,
+        draft,
+        draft_contract,
+        data,
+        target_side,
+        out_dir=Path(out_dir),
+        eval_data=eval_data,
+        resume=resume,
+        ctx=ctx,
+    )
     return trainer.run(stop_after_steps=stop_after_steps, progress=progress)

@@ -34,18 +34,33 @@ def target_to_draft(draft_to_target: torch.Tensor, vocab_size: int) -> torch.Ten
 
 @dataclass
 class TargetDistribution:
-    """The target's next-token distribution at each position, in draft-vocab coordinates."""
+    """The target's next-token distribution at each position, in draft-vocab coordinates.
+
+    `shifted(k)` aligns row t with position t+k without copying `probs` (the [B, T, Vd] tensor is
+    the largest one in a step): it shifts `token`/`in_vocab` and records the offset, and
+    `probs_at(rows)` gathers the shifted rows on demand.
+    """
 
     probs: torch.Tensor  # [..., Vd] float32, restricted to the draft vocab and renormalised
     token: torch.Tensor  # [...] int64 draft id of the target's argmax (0 where it is out of vocab)
     in_vocab: torch.Tensor  # [...] bool: the target's argmax token is in the draft vocab
+    offset: int = 0  # row t of token/in_vocab describes probs[:, t + offset]
 
     def shifted(self, k: int) -> TargetDistribution:
-        """Along T (dim 1 of [B, T, ...]): row t gets position t+k."""
-        return TargetDistribution(shift_left(self.probs, k), shift_left(self.token, k), shift_left(self.in_vocab, k, False))
+        """Along T (dim 1 of [B, T, ...]): row t gets position t+k (beyond the end: out of vocab)."""
+        return TargetDistribution(
+            self.probs, shift_left(self.token, k), shift_left(self.in_vocab, k, False), self.offset + k
+        )
+
+    def probs_at(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [B, T] bool (only where in_vocab) -> [N, Vd] the distributions of those rows."""
+        b, t = rows.nonzero(as_tuple=True)
+        return self.probs[b, t + self.offset]
 
 
-def restrict_target_logits(target_logits: torch.Tensor, draft_to_target: torch.Tensor, t2d: torch.Tensor) -> TargetDistribution:
+def restrict_target_logits(
+    target_logits: torch.Tensor, draft_to_target: torch.Tensor, t2d: torch.Tensor
+) -> TargetDistribution:
     """target_logits [..., V] -> TargetDistribution [..., Vd]; argmax taken over the full vocab V."""
     argmax = target_logits.argmax(-1)  # [...]
     draft_id = t2d[argmax]
@@ -76,7 +91,7 @@ def step_outcome(
     valid [B, T] rows trained at this step; chain_ok [B, T] all earlier steps right."""
     counted = valid & target.in_vocab
     logp = torch.log_softmax(draft_logits[counted].float(), dim=-1)  # [N, Vd]
-    probs = target.probs[counted]  # [N, Vd]
+    probs = target.probs_at(counted)  # [N, Vd]
     per_row = -(probs * logp).sum(-1)  # [N]
     if kind == "kl":
         per_row = per_row + torch.special.xlogy(probs, probs).sum(-1)
@@ -121,7 +136,10 @@ class StepCounts:
         """Metrics dict: loss (weighted sum of per-step mean losses), per-step lists, OOV count."""
 
         def ratio(num: str, den: str) -> list[float]:
-            return [float(n / d) if d > 0 else float("nan") for n, d in zip(self.column(num), self.column(den), strict=True)]
+            return [
+                float(n / d) if d > 0 else float("nan")
+                for n, d in zip(self.column(num), self.column(den), strict=True)
+            ]
 
         loss_per_step = ratio("loss_sum", "valid")
         loss = sum(w * v for w, v in zip(step_weights, loss_per_step, strict=True) if v == v)
@@ -133,4 +151,3 @@ class StepCounts:
             "valid_rows": [int(v) for v in self.column("valid")],
             "oov_masked": int(sum(self.column("oov_masked"))),
         }
-

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -12,6 +13,13 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.train.loss import NUM_COUNTS, step_outcome, target_rank
 from eaglewire.train.target_side import TrainInputs
 from eaglewire.train.ttt import step_valid, ttt_unroll
+
+
+def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast for precision 'bf16', or 'auto' on CUDA; plain fp32 otherwise."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 @dataclass
@@ -24,7 +32,9 @@ class ObjectiveOutput:
 class TTTObjective(nn.Module):
     """Holds the draft; forward unrolls `num_steps` TTT steps and scores each against the target."""
 
-    def __init__(self, draft: Eagle3Draft, num_steps: int, kind: Literal["soft_ce", "kl"] = "soft_ce") -> None:
+    def __init__(
+        self, draft: Eagle3Draft, num_steps: int, kind: Literal["soft_ce", "kl"] = "soft_ce"
+    ) -> None:
         super().__init__()
         self.draft = draft
         self.num_steps = num_steps

@@ -34,7 +34,11 @@ def truncate_metrics(path: Path, *, after_step: int) -> None:
     """Drop lines of steps later than `after_step` (written by a run that was interrupted after its checkpoint)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and json.loads(line)["step"] <= after_step]
+    kept = [
+        line
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line)["step"] <= after_step
+    ]
     atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from eaglewire.contract.contract import Contract, FinalState
-from eaglewire.errors import ConfigError, DataFormatError, TargetFilesError
+from eaglewire.contract.contract import Contract, FinalState, contract_diff
+from eaglewire.errors import ConfigError, ContractMismatchError, DataFormatError, TargetFilesError
 from eaglewire.nn.rmsnorm import RMSNorm
 from eaglewire.target.architectures import target_parts
 from eaglewire.target.capture import capture
@@ -43,6 +43,41 @@ class TrainInputs:
     batch: Batch  # token tensors [B, T], on the device
     aux: torch.Tensor  # [B, T, A*Ht] float32
     target: TargetDistribution  # [B, T, Vd]
+
+
+def check_data_contract(draft_contract: Contract, data_contract: Contract) -> None:
+    """Stop before step 1 when the data's hidden states are not the ones the draft is wired for."""
+    diffs = contract_diff(draft_contract, data_contract, names=("draft", "data"))
+    if diffs:
+        both = [
+            "draft contract:",
+            *(f"    {x}" for x in draft_contract.describe()),
+            "data contract:",
+            *(f"    {x}" for x in data_contract.describe()),
+        ]
+        raise ContractMismatchError(
+            "the training data does not carry the hidden states the draft is wired for:\n  "
+            + "\n  ".join(diffs)
+            + "\n  "
+            + "\n  ".join(both),
+            fix="capture the data from the same target with the draft's aux boundaries, or init the draft from the data's contract",
+        )
+
+
+def check_dataset_identity(data: Any, contract: Contract, *, name: str = "data") -> None:
+    """A tokenized dataset records its tokenizer's identity (index.json); it must be the target's."""
+    meta = getattr(data, "meta", None)
+    if not isinstance(meta, dict):
+        return
+    ours = contract.target.tokenizer_hash
+    if "tokenizer_hash" in meta and meta["tokenizer_hash"] != ours:
+        raise ContractMismatchError(
+            f"{name}: tokenized with another tokenizer: tokenizer_hash data={meta['tokenizer_hash']} "
+            f"draft contract={ours} (target {contract.target.name or contract.target.architecture})",
+            fix="rebuild the dataset with `eaglewire data build --target` set to this draft's target",
+        )
+    if "chat_template_hash" in meta and meta["chat_template_hash"] != contract.target.chat_template_hash:
+        log.warning("%s: built with a chat template other than the target's own (an override?)", name)
 
 
 class TargetSide(Protocol):
@@ -113,10 +148,13 @@ class OnlineTarget:
         assert states.logits is not None
         dist = restrict_target_logits(states.logits, self.d2t, self.t2d)  # [n, width, Vd]
         per_record = [
-            TargetDistribution(dist.probs[i, :k], dist.token[i, :k], dist.in_vocab[i, :k]) for i, k in enumerate(lengths)
+            TargetDistribution(dist.probs[i, :k], dist.token[i, :k], dist.in_vocab[i, :k])
+            for i, k in enumerate(lengths)
         ]
         aux = scatter_rows(rows, [states.aux[i, :k].float() for i, k in enumerate(lengths)])
-        return TrainInputs(batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, per_record), device))
+        return TrainInputs(
+            batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, per_record), device)
+        )
 
 
 def _to(d: TargetDistribution, device: torch.device) -> TargetDistribution:
@@ -143,6 +181,7 @@ class TargetHead(nn.Module):
         parts = target_parts(target.model)
         norm = copy.deepcopy(parts.final_norm) if final.norm == "pre" else None
         weight = parts.lm_head.weight
+        assert isinstance(weight, torch.Tensor)
         return cls(weight, norm)
 
     @classmethod
@@ -155,10 +194,16 @@ class TargetHead(nn.Module):
             return cls.from_target(load_target(path, dtype="float32", with_tokenizer=False), final)
         cfg_path = path / "config.json"
         if not cfg_path.exists():
-            raise TargetFilesError(f"target {path}: config.json missing", fix="point --target at the model directory")
+            raise TargetFilesError(
+                f"target {path}: config.json missing", fix="point --target at the model directory"
+            )
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         tied = bool(cfg.get("tie_word_embeddings", False))
-        names = {"norm": "model.norm.weight", "lm_head": "lm_head.weight", "embed": "model.embed_tokens.weight"}
+        names = {
+            "norm": "model.norm.weight",
+            "lm_head": "lm_head.weight",
+            "embed": "model.embed_tokens.weight",
+        }
         tensors = _load_named(path, [names["norm"], names["lm_head"], names["embed"]])
         head = tensors.get(names["lm_head"]) if not tied else None
         if head is None:
@@ -242,4 +287,6 @@ class OfflineTarget:
             for rec, k in zip(records, lengths, strict=True)
         ]
         aux = scatter_rows(rows, [rec.aux[:k].float() for rec, k in zip(records, lengths, strict=True)])
-        return TrainInputs(batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, dists), device))
+        return TrainInputs(
+            batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, dists), device)
+        )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from eaglewire.bench.prompts import BenchPrompt, PromptSet
 from eaglewire.draft.init import init_draft
@@ -14,9 +16,18 @@ from eaglewire.target.loading import LoadedTarget
 from tests.helpers.tiny import make_tiny_target
 
 
+@pytest.fixture(scope="package", autouse=True)
+def one_cpu_thread() -> Iterator[None]:
+    """Tiny matmuls on a loaded 2-core machine: intra-op threads only add contention (10-100x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="package")
 def tiny_target() -> LoadedTarget:
-    return make_tiny_target("llama", num_layers=4)
+    return make_tiny_target("llama")
 
 
 @pytest.fixture(scope="package")

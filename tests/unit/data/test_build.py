@@ -17,13 +17,15 @@ def test_truncation_and_no_loss_tokens_are_counted() -> None:
     long_user = "Hello! How are you today? " * 10
     convs = [
         Conversation("short", (Message("user", "Hello!"), Message("assistant", "I am fine, thank you."))),
-        Conversation("long-answer", (Message("user", "Hello!"), Message("assistant", "I am fine, thank you. " * 10))),
+        Conversation(
+            "long-answer", (Message("user", "Hello!"), Message("assistant", "I am fine, thank you. " * 10))
+        ),
         Conversation("answer-cut-off", (Message("user", long_user), Message("assistant", "I am fine."))),
     ]
-    ds, stats = build_dataset(convs, tiny_tokenizer(), max_length=30, show_progress=False)
+    ds, stats = build_dataset(convs, tiny_tokenizer(), max_length=40, show_progress=False)
     assert ds.record_ids == ["short", "long-answer"]
     assert stats.truncated_records == 1 and stats.truncated_tokens > 0 and stats.skipped_no_loss_tokens == 1
-    assert int(ds.lengths().max()) == 30
+    assert int(ds.lengths().max()) == 40
     assert ds.meta["build_stats"]["truncated_records"] == 1 and ds.meta["special_ids"] == [0, 1, 2]
     assert ds.meta["tokenizer_vocab_size"] == 384 and len(ds.meta["tokenizer_hash"]) == 64
 
@@ -40,9 +42,17 @@ def test_template_failure_is_named_or_skipped() -> None:
 
 def test_load_source_file_and_builtin(tmp_path: Path) -> None:
     p = tmp_path / "f.jsonl"
-    p.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"messages": [{"role": "user", "content": "q"},
-                                                                               {"role": "assistant", "content": "a"}]}) + "\n")
+    p.write_text(
+        json.dumps({"prompt": "x"})
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+        + "\n"
+    )
     convs, stats = load_source(str(p), require_assistant=True)
     assert len(convs) == 1 and stats.skipped_no_assistant == 1
     convs, stats = load_source("builtin:humaneval", split="eval", require_assistant=True, limit=3)
-    assert [c.record_id for c in convs] == ["humaneval:HumanEval/0", "humaneval:HumanEval/5", "humaneval:HumanEval/10"]
+    assert [c.record_id for c in convs] == [
+        "humaneval:HumanEval/0",
+        "humaneval:HumanEval/5",
+        "humaneval:HumanEval/10",
+    ]

@@ -78,8 +78,9 @@ def test_magpie_prompts_are_deduplicated_and_reproducible() -> None:
     assert all(len(c.messages) == 1 and c.messages[0].role == "user" for c in a)
     assert all(c.record_id == magpie_id(c.messages[0].content) for c in a)
     assert magpie_id("Hello  World") == magpie_id("hello world")
-    split = load_builtin("magpie", "eval", target=target, num_prompts=8, sampling=cfg, keep_truncated=True,
-                         show_progress=False)
+    split = load_builtin(
+        "magpie", "eval", target=target, num_prompts=8, sampling=cfg, keep_truncated=True, show_progress=False
+    )
     assert {c.record_id for c in split} == {c.record_id for c in a if heldout_split(c.record_id) == "eval"}
     with pytest.raises(ConfigError, match="temperature must be > 0"):
         generate_magpie_prompts(target, 2, sampling=SamplingConfig(temperature=0.0), show_progress=False)

@@ -45,7 +45,9 @@ def masked_segments(tok: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str
     return out
 
 
-def mask_for(tok: Any, conv: Conversation = CONV, max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_for(
+    tok: Any, conv: Conversation = CONV, max_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     r = tokenize_conversation(tok, conv, resolve_chat_template(tok), max_length=max_length)
     return r.input_ids, r.loss_mask
 
@@ -112,7 +114,9 @@ def test_truncation_is_counted() -> None:
 def test_no_chat_template_is_a_clear_error_and_override_works(tmp_path: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    bare = PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer().backend_tokenizer, eos_token="<|im_end|>")
+    bare = PreTrainedTokenizerFast(
+        tokenizer_object=tiny_tokenizer().backend_tokenizer, eos_token="<|im_end|>"
+    )
     bare.chat_template = None
     with pytest.raises(ConfigError, match="has no chat template") as e:
         resolve_chat_template(bare)

@@ -26,14 +26,33 @@ def test_build_vocab_capture_inspect(tmp_path: Path) -> None:
     target_dir = save_tiny_target(make_tiny_target("llama", num_layers=8), tmp_path / "target")
     src = tmp_path / "chat.jsonl"
     rows = [
-        {"id": f"x{i}", "messages": [{"role": "user", "content": "Hello! How are you today?"},
-                                     {"role": "assistant", "content": "I am fine, thank you." * (1 + i % 3)}]}
+        {
+            "id": f"x{i}",
+            "messages": [
+                {"role": "user", "content": "Hello! How are you today?"},
+                {"role": "assistant", "content": "I am fine, thank you." * (1 + i % 3)},
+            ],
+        }
         for i in range(5)
     ]
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"messages": [{"role": "user", "content": "q"}]}\n')
+    src.write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"messages": [{"role": "user", "content": "q"}]}\n'
+    )
     ds_dir = tmp_path / "ds"
-    r = run("data", "build", "--target", str(target_dir), "--input", str(src), "--out", str(ds_dir),
-            "--max-length", "40", "--json", "--no-progress")
+    r = run(
+        "data",
+        "build",
+        "--target",
+        str(target_dir),
+        "--input",
+        str(src),
+        "--out",
+        str(ds_dir),
+        "--max-length",
+        "40",
+        "--json",
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     counts = json.loads(r.stdout)
     assert counts["records"] == 5 and counts["skipped_no_assistant"] == 1 and counts["truncated_records"] >= 1
@@ -45,8 +64,21 @@ def test_build_vocab_capture_inspect(tmp_path: Path) -> None:
     assert d2t.numel() == 40 and bool((d2t[1:] > d2t[:-1]).all())
 
     sh = tmp_path / "shards"
-    r = run("data", "capture", "--target", str(target_dir), "--dataset", str(ds_dir), "--out", str(sh),
-            "--dtype", "float32", "--shard-records", "2", "--no-progress")
+    r = run(
+        "data",
+        "capture",
+        "--target",
+        str(target_dir),
+        "--dataset",
+        str(ds_dir),
+        "--out",
+        str(sh),
+        "--dtype",
+        "float32",
+        "--shard-records",
+        "2",
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     assert len(ShardDataset(sh)) == 5
 

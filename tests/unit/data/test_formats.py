@@ -26,26 +26,48 @@ def test_all_three_shapes_and_ids(tmp_path: Path) -> None:
     p = write_lines(
         tmp_path / "mix.jsonl",
         [
-            row({"id": "a", "messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"},
-                                         {"role": "assistant", "content": "hello"}]}),
+            row(
+                {
+                    "id": "a",
+                    "messages": [
+                        {"role": "system", "content": "be nice"},
+                        {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "hello"},
+                    ],
+                }
+            ),
             row({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}),
             row({"prompt": "write a poem", "system": "you are a poet"}),
             "",
-            row({"id": 7, "messages": [{"role": "user", "content": [{"type": "text", "text": "multi"},
-                                                                    {"type": "text", "text": "part"}]}]}),
+            row(
+                {
+                    "id": 7,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "text", "text": "multi"}, {"type": "text", "text": "part"}],
+                        }
+                    ],
+                }
+            ),
         ],
     )
     convs, stats = read_conversations(p)
     assert [c.record_id for c in convs] == ["a", "mix.jsonl:2", "mix.jsonl:3", "7"]
     assert [m.role for m in convs[0].messages] == ["system", "user", "assistant"]
     assert [(m.role, m.content) for m in convs[1].messages] == [("user", "q"), ("assistant", "a")]
-    assert [(m.role, m.content) for m in convs[2].messages] == [("system", "you are a poet"), ("user", "write a poem")]
+    assert [(m.role, m.content) for m in convs[2].messages] == [
+        ("system", "you are a poet"),
+        ("user", "write a poem"),
+    ]
     assert convs[3].messages[0].content == "multipart"
     assert stats.blank_lines == 1 and stats.records == 4
 
 
 def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
-    p = write_lines(tmp_path / "bad.jsonl", [row({"prompt": "ok"}), '{"prompt": "broken"', row({"prompt": "ok2"})])
+    p = write_lines(
+        tmp_path / "bad.jsonl", [row({"prompt": "ok"}), '{"prompt": "broken"', row({"prompt": "ok2"})]
+    )
     with pytest.raises(DataFormatError, match=r"bad\.jsonl:2: invalid JSON"):
         read_conversations(p)
     convs, stats = read_conversations(p, skip_bad=True)

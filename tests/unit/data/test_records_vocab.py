@@ -56,7 +56,9 @@ def test_load_errors(tmp_path: Path) -> None:
     with pytest.raises(DataFormatError, match="not a tokenized dataset"):
         TokenizedDataset.load(tmp_path)
     with pytest.raises(DataFormatError, match="offsets"):
-        TokenizedDataset(["a"], torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.bool), torch.tensor([0, 2]))
+        TokenizedDataset(
+            ["a"], torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.bool), torch.tensor([0, 2])
+        )
 
 
 def test_vocab_frequency_order_and_specials() -> None:

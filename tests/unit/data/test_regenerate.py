@@ -65,7 +65,13 @@ def test_multi_turn_replay_answers_every_user_turn(tmp_path: Path) -> None:
     # rerun with the same settings: nothing to do; other settings: refused
     assert regenerate(target, convs, out, cfg, show_progress=False).written == 0
     with pytest.raises(ConfigError, match="temperature: before=0.0 now=0.5"):
-        regenerate(target, convs, out, SamplingConfig(max_new_tokens=5, temperature=0.5, top_p=1.0, seed=0, batch_size=2), show_progress=False)
+        regenerate(
+            target,
+            convs,
+            out,
+            SamplingConfig(max_new_tokens=5, temperature=0.5, top_p=1.0, seed=0, batch_size=2),
+            show_progress=False,
+        )
     with pytest.raises(DataFormatError, match="not in the input"):
         regenerate(target, convs[1:], out, cfg, show_progress=False)
 
@@ -76,16 +82,45 @@ def _lines(path: Path) -> int:
 
 def test_kill9_then_rerun_gives_the_same_records(tmp_path: Path) -> None:
     target_dir = save_tiny_target(make_tiny_target("llama", num_layers=2), tmp_path / "target")
-    words = "hello how are you the quick brown fox jumps over lazy dog numbers book".split()
+    words = [
+        "hello",
+        "how",
+        "are",
+        "you",
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dog",
+        "numbers",
+        "book",
+    ]
     n = 32
     src = tmp_path / "in.jsonl"
     src.write_text(
-        "".join(json.dumps({"id": f"r{i}", "prompt": " ".join(words[i % 7 : i % 7 + 4])}) + "\n" for i in range(n))
+        "".join(
+            json.dumps({"id": f"r{i}", "prompt": " ".join(words[i % 7 : i % 7 + 4])}) + "\n" for i in range(n)
+        )
     )
     settings = dict(max_new_tokens=4, temperature=0.8, top_p=0.9, seed=1, batch_size=2)
     out = tmp_path / "out.jsonl"
-    cmd = [EAGLEWIRE, "data", "regenerate", "--target", str(target_dir), "--input", str(src), "--out", str(out),
-           "--dtype", "float32", "--no-progress"]
+    cmd = [
+        EAGLEWIRE,
+        "data",
+        "regenerate",
+        "--target",
+        str(target_dir),
+        "--input",
+        str(src),
+        "--out",
+        str(out),
+        "--dtype",
+        "float32",
+        "--no-progress",
+    ]
     for k, v in settings.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

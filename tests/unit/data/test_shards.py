@@ -19,14 +19,35 @@ from eaglewire.errors import ContractMismatchError, DataFormatError
 from eaglewire.target.capture import capture_all
 from tests.helpers.tiny import make_tiny_target, tiny_tokenizer
 
-WORDS = "the quick brown fox jumps over the lazy dog and then some more numbers 1 2 3".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "and",
+    "then",
+    "some",
+    "more",
+    "numbers",
+    "1",
+    "2",
+    "3",
+]
 
 
 def convs(n: int) -> list[Conversation]:
     return [
         Conversation(
             f"c{i}",
-            (Message("user", " ".join(WORDS[: 3 + i % 7])), Message("assistant", " ".join(WORDS[i % 5 : 6 + i % 9]))),
+            (
+                Message("user", " ".join(WORDS[: 3 + i % 7])),
+                Message("assistant", " ".join(WORDS[i % 5 : 6 + i % 9])),
+            ),
         )
         for i in range(n)
     ]
@@ -47,7 +68,11 @@ def test_capture_values_manifest_and_reader(tmp_path: Path, target, dataset: Tok
     stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=3, show_progress=False)
     assert stats.shards_written == 3 and stats.records == 11 and stats.tokens == dataset.num_tokens
     manifest = json.loads((out / MANIFEST_FILE).read_text())
-    assert manifest["complete"] and manifest["num_records"] == 11 and manifest["num_tokens"] == dataset.num_tokens
+    assert (
+        manifest["complete"]
+        and manifest["num_records"] == 11
+        and manifest["num_tokens"] == dataset.num_tokens
+    )
     assert [s["records"] for s in manifest["shards"]] == [4, 4, 3]
     assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in manifest["shards"])
     contract = Contract.load(out)
@@ -61,10 +86,14 @@ def test_capture_values_manifest_and_reader(tmp_path: Path, target, dataset: Tok
     for i in (0, 5, 10):
         r = shards[i]
         assert r.record_id == dataset.record_ids[i]
-        assert torch.equal(r.input_ids, dataset[i].input_ids) and torch.equal(r.loss_mask, dataset[i].loss_mask)
+        assert torch.equal(r.input_ids, dataset[i].input_ids) and torch.equal(
+            r.loss_mask, dataset[i].loss_mask
+        )
         ref = capture_all(target.model, r.input_ids[None])  # unpadded, alone
         for a, b in enumerate(contract.aux_boundaries):
-            torch.testing.assert_close(r.aux[:, a * Ht : (a + 1) * Ht], ref[StateKey(b)][0], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                r.aux[:, a * Ht : (a + 1) * Ht], ref[StateKey(b)][0], atol=1e-5, rtol=1e-4
+            )
         torch.testing.assert_close(r.final, ref[StateKey(target.num_layers)][0], atol=1e-5, rtol=1e-4)
 
 
@@ -110,7 +139,11 @@ def test_checksum_failure_names_the_shard(tmp_path: Path, target, dataset: Token
 
 def test_capture_refuses_other_tokenizer(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]
     other = TokenizedDataset(
-        dataset.record_ids, dataset.input_ids, dataset.loss_mask, dataset.offsets, {**dataset.meta, "tokenizer_hash": "x" * 64}
+        dataset.record_ids,
+        dataset.input_ids,
+        dataset.loss_mask,
+        dataset.offsets,
+        {**dataset.meta, "tokenizer_hash": "x" * 64},
     )
     with pytest.raises(ContractMismatchError, match="another tokenizer"):
         capture_dataset(target, other, tmp_path / "s", show_progress=False)

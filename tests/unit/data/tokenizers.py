@@ -162,17 +162,26 @@ def _bpe(special: list[str]) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=400,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     return tok
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def llama3_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    specials = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+    ]
     fast = PreTrainedTokenizerFast(
         tokenizer_object=_bpe(specials), bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
     )
@@ -185,17 +194,19 @@ def _qwen(template: str) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    fast = PreTrainedTokenizerFast(tokenizer_object=_bpe(specials), eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=_bpe(specials), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
     fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     fast.chat_template = template
     return fast
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen25_tokenizer() -> Any:
     return _qwen(QWEN25_TEMPLATE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def qwen3_tokenizer() -> Any:
     return _qwen(QWEN3_TEMPLATE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eaglewire.contract.contract import FinalState
@@ -33,7 +34,7 @@ def test_shifted_layers_are_caught_with_the_relabel_fix():
     shifted = (3, 7, 10)  # SGLang ids [2, 6, 9] captured the "+1" way, labelled as boundaries
     w = check_data_against_target(make_records(t, shifted), labelled(t, DEFAULT), t)
     f = only(w.result.findings, "data.aux")
-    assert "1 boundary deeper than its label" in f.what
+    assert "1 boundary deeper than in its label" in f.what
     assert f.declared == "aux_boundaries [2, 6, 9]" and f.actual == "values are [3, 7, 10]"
     assert "aux_boundaries=[3, 7, 10]" in f.fix and "SGLang before PR #25454 [2, 6, 9]" in f.fix
     assert w.aux_boundaries == shifted
@@ -59,7 +60,7 @@ def test_missing_embedding_column():
     t = tiny(L)
     w = check_data_against_target(make_records(t, DEFAULT), labelled(t, (0, *DEFAULT)), t)
     f = only(w.result.findings, "data.aux")
-    assert "labelled embedding column is missing" in f.what
+    assert "the embedding column is missing" in f.what
     assert any(r.item == "aux[3]" and r.actual == "(no such column)" for r in w.result.rows)
 
 
@@ -145,7 +146,7 @@ def test_field_report_61_layers_labelled_embedding_layer3_layer31():
     recs = make_records(t, (3, 31, 59), n=2, length=24)
     w = check_data_against_target(recs, labelled(t, (0, 3, 31), FinalState(59, "pre")), t, max_records=2)
     aux = only(w.result.findings, "data.aux")
-    assert "labels are one column off" in aux.what and "no embedding column" in aux.what
+    assert "one column off: the data has no embedding column" in aux.what and "field reports" in aux.what
     assert aux.actual == "values are [3, 31, 59]"
     assert "aux_boundaries=[3, 31, 59]" in aux.fix and "SGLang before PR #25454 [2, 30, 58]" in aux.fix
     final = only(w.result.findings, "data.final")
@@ -161,5 +162,39 @@ def test_field_report_scaled_to_12_layers():
     w = check_data_against_target(
         make_records(t, (3, 7, 10)), labelled(t, (0, 3, 7), FinalState(10, "pre")), t
     )
-    assert "labels are one column off" in only(w.result.findings, "data.aux").what
+    assert "one column off" in only(w.result.findings, "data.aux").what
     assert w.aux_boundaries == (3, 7, 10)
+
+
+def test_every_architecture_no_false_alarm_and_shift_caught():
+    from tests.helpers.tiny import ARCHITECTURES, make_tiny_target
+
+    for arch in ARCHITECTURES:
+        t = make_tiny_target(arch, num_layers=8)
+        right = (2, 4, 5)  # default_boundaries(8)
+        ok = check_data_against_target(make_records(t, right, n=2, length=16), labelled(t, right), t)
+        assert ok.result.findings == [], (arch, [f.lines() for f in ok.result.findings])
+        bad = check_data_against_target(make_records(t, (3, 5, 6), n=2, length=16), labelled(t, right), t)
+        assert [f.check for f in bad.result.findings] == ["data.aux"], arch
+        assert bad.aux_boundaries == (3, 5, 6), arch
+
+
+@pytest.mark.parametrize(
+    "numbering", ["specforge", "modelopt", "sglang-legacy", "sglang-pr25454", "vllm", "eagle"]
+)
+def test_every_numbering_in_the_design_table_read_as_boundaries(numbering):
+    """A tool's ids [2, 6, 9] (L=12) captured with its own meaning, labelled as if they were boundaries:
+    caught exactly when the tool's meaning differs from boundaries."""
+    from eaglewire.contract.numbering import Numbering, to_boundaries
+
+    t = tiny(L)
+    n = Numbering(numbering)
+    ids = None if n is Numbering.EAGLE else DEFAULT
+    captured = to_boundaries(ids, n, L)
+    w = check_data_against_target(make_records(t, captured, n=2, length=24), labelled(t, DEFAULT), t)
+    assert w.aux_boundaries == captured
+    if captured == DEFAULT:  # vLLM, speculators, PR #25454 (first id != 1) and EAGLE's defaults
+        assert w.result.findings == []
+    else:  # SpecForge, ModelOpt, SGLang before PR #25454: output of layer i = boundary i + 1
+        (f,) = w.result.findings
+        assert "1 boundary deeper" in f.what and f"aux_boundaries={list(captured)}" in f.fix

@@ -59,7 +59,9 @@ class Tiny:
 
 def chat_ids(target: LoadedTarget, text: str) -> list[int]:
     tok = target.tokenizer
-    rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     return list(tok(rendered, add_special_tokens=False)["input_ids"])
 
 
@@ -80,8 +82,13 @@ def train_draft(tiny: Tiny, steps: int = TRAIN_STEPS) -> Eagle3Draft:
     rows = []
     for prompt, ref in zip(tiny.prompts[:3], tiny.references[:3], strict=True):
         seq = torch.tensor([prompt + ref])
-        states = capture(tiny.target.model, seq, aux_boundaries=tiny.contract.aux_boundaries,
-                         final=tiny.contract.final, return_logits=True)
+        states = capture(
+            tiny.target.model,
+            seq,
+            aux_boundaries=tiny.contract.aux_boundaries,
+            final=tiny.contract.final,
+            return_logits=True,
+        )
         assert states.logits is not None
         labels = states.logits[0].argmax(-1)
         rows.append((states.aux[:, :-1], seq[:, 1:], labels[1:]))

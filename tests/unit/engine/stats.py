@@ -16,7 +16,9 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, f
     counts = counts.double()
     probs = probs.double() / probs.sum()
     impossible = probs == 0
-    assert counts[impossible].sum() == 0, f"drew tokens of probability 0: {impossible.nonzero().flatten().tolist()}"
+    assert counts[impossible].sum() == 0, (
+        f"drew tokens of probability 0: {impossible.nonzero().flatten().tolist()}"
+    )
     n = counts.sum()
     expected = probs * n
     big = expected >= MIN_EXPECTED

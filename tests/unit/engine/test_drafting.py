@@ -35,8 +35,15 @@ def brute_force_tree(draft, aux, tokens, spec, root_position):
     def expand(parent_index, path, score):
         logp = torch.log_softmax(draft_path_logits(draft, aux, tokens, path, root_position).float(), -1)
         top = logp.topk(K)
-        return [(int(draft.draft_to_target[i]), parent_index, score + float(v), [*path, int(draft.draft_to_target[i])])
-                for v, i in zip(top.values, top.indices, strict=True)]
+        return [
+            (
+                int(draft.draft_to_target[i]),
+                parent_index,
+                score + float(v),
+                [*path, int(draft.draft_to_target[i])],
+            )
+            for v, i in zip(top.values, top.indices, strict=True)
+        ]
 
     frontier = expand(-1, [], 0.0)
     cands += frontier
@@ -59,13 +66,19 @@ def brute_force_tree(draft, aux, tokens, spec, root_position):
 @pytest.fixture(scope="module")
 def rows(tiny):
     prompt = tiny.prompts[0]
-    states = capture(tiny.target.model, torch.tensor([prompt[:-1]]), aux_boundaries=tiny.contract.aux_boundaries,
-                     final=tiny.contract.final)
+    states = capture(
+        tiny.target.model,
+        torch.tensor([prompt[:-1]]),
+        aux_boundaries=tiny.contract.aux_boundaries,
+        final=tiny.contract.final,
+    )
     return states.aux[0], torch.tensor(prompt[1:]), prompt[-1], len(prompt) - 1
 
 
 # (3, 2, 11) and (3, 3, 22) keep every candidate (deep nodes included); (3, 2, 6) reranks.
-@pytest.mark.parametrize("spec", [SpecArgs.chain(3), SpecArgs(3, 2, 6), SpecArgs(3, 2, 11), SpecArgs(3, 3, 22)], ids=str)
+@pytest.mark.parametrize(
+    "spec", [SpecArgs.chain(3), SpecArgs(3, 2, 6), SpecArgs(3, 2, 11), SpecArgs(3, 3, 22)], ids=str
+)
 @pytest.mark.parametrize("which", ["untrained", "trained"])
 def test_tree_drafting_matches_brute_force(tiny, trained, rows, spec, which):
     draft = tiny.untrained if which == "untrained" else trained

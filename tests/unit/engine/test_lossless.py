@@ -62,8 +62,9 @@ def test_eos_inside_an_accepted_block_stops_there(tiny, trained):
     runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "hf")
     prompt, reference = tiny.prompts[0], tiny.references[0]
     greedy = SamplingParams()
-    free = speculative_generate(runner, Drafter(trained, spec), prompt, sampling=greedy,
-                                stop=StopRule(REFERENCE_TOKENS))
+    free = speculative_generate(
+        runner, Drafter(trained, spec), prompt, sampling=greedy, stop=StopRule(REFERENCE_TOKENS)
+    )
     # A position that sits inside a multi-token block (not its last token), whose token is new.
     inside, start = [], 0
     for emitted in free.emitted_per_round:
@@ -74,8 +75,13 @@ def test_eos_inside_an_accepted_block_stops_there(tiny, trained):
     k = candidates[0]
     eos = reference[k]
 
-    trace = speculative_generate(runner, Drafter(trained, spec), prompt, sampling=greedy,
-                                 stop=StopRule(REFERENCE_TOKENS, eos_token_ids=frozenset({eos})))
+    trace = speculative_generate(
+        runner,
+        Drafter(trained, spec),
+        prompt,
+        sampling=greedy,
+        stop=StopRule(REFERENCE_TOKENS, eos_token_ids=frozenset({eos})),
+    )
     assert trace.token_ids == reference[: k + 1]
     assert trace.finish_reason == "eos"
     assert sum(trace.emitted_per_round) > len(trace.token_ids), "the eos was the bonus, not inside a block"

@@ -65,14 +65,20 @@ def test_first_token_follows_the_target(small_vocab, spec, sampling):
         counts[result.token_ids[0]] += 1
         accepted += result.tau > 1  # the first verification accepted at least one draft
     rate = accepted / SAMPLES
-    assert 0.05 < rate < 0.95, f"acceptance rate {rate}: both branches must run for the test to mean something"
+    assert 0.05 < rate < 0.95, (
+        f"acceptance rate {rate}: both branches must run for the test to mean something"
+    )
     stat, df, p = chi_square(counts, target_probs)
     assert p > ALPHA, f"first-token distribution differs from the target's: chi2={stat:.1f} df={df} p={p:.2e}"
 
     # Power: a verifier that accepted every draft would emit the draft's own first choice (a draw
     # from its processed distribution for a chain, its top candidate for a tree); that must fail.
-    states = capture(target.model, torch.tensor([PROMPT[:-1]]), aux_boundaries=contract.aux_boundaries,
-                     final=contract.final)
+    states = capture(
+        target.model,
+        torch.tensor([PROMPT[:-1]]),
+        aux_boundaries=contract.aux_boundaries,
+        final=contract.final,
+    )
     drafter = Drafter(draft, spec)
     drafter.extend(states.aux[0], torch.tensor(PROMPT[1:]), start_position=0)
     assert drafter.last_logits is not None

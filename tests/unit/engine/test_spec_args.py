@@ -7,7 +7,12 @@ import re
 
 import pytest
 
-from eaglewire.engine.spec_args import SpecArgs, max_candidates, sglang_effective_spec_args, spec_args_warnings
+from eaglewire.engine.spec_args import (
+    SpecArgs,
+    max_candidates,
+    sglang_effective_spec_args,
+    spec_args_warnings,
+)
 from eaglewire.errors import ConfigError
 
 

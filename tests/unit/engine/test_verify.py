@@ -57,7 +57,7 @@ def test_tree_sampling_is_lossless_first_and_second_token():
     target_probs = target_distributions()
     tree = tree_from_parents(TOKENS, PARENTS)
     g = torch.Generator().manual_seed(1)
-    n = 12000
+    n = 8000
     first = torch.zeros(V)
     second_after_node1 = torch.zeros(V)
     accepted = 0
@@ -80,7 +80,7 @@ def test_sampled_chain_is_lossless():
     target_probs = target_distributions(2)[:2]
     draft_q = target_distributions(3)[0]  # the draft's (different) distribution
     g = torch.Generator().manual_seed(4)
-    n = 12000
+    n = 8000
     first = torch.zeros(V)
     accepted = 0
     for _ in range(n):

@@ -42,7 +42,9 @@ def edit_config(directory: Path, edit: Callable[[dict], None]) -> None:
 def test_missing_tensor(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
     src = exported("sglang")
     edit_tensors(src, lambda t: t.pop("midlayer.mlp.up_proj.weight"))
-    with pytest.raises(CheckpointError, match=r"tensor 'midlayer.mlp.up_proj.weight' missing \(expected shape \(128, 64\)\)"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'midlayer.mlp.up_proj.weight' missing \(expected shape \(128, 64\)\)"
+    ):
         import_draft("sglang", src, tiny_target, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -50,32 +52,45 @@ def test_missing_tensor(exported: Callable[[str], Path], tiny_target: LoadedTarg
 def test_wrong_shape(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
     src = exported("vllm")
     edit_tensors(src, lambda t: t.update({"fc.weight": t["fc.weight"][:, :128].contiguous()}))
-    with pytest.raises(CheckpointError, match=r"tensor 'fc.weight': expected shape \(64, 192\) = \[H, A\*Ht\].*got \(64, 128\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'fc.weight': expected shape \(64, 192\) = \[H, A\*Ht\].*got \(64, 128\)",
+    ):
         import_draft("vllm", src, tiny_target, tmp_path / "out")
 
 
-def test_unexpected_tensor(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_unexpected_tensor(
+    exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = exported("vllm")
     edit_tensors(src, lambda t: t.update({"layers.1.hidden_norm.weight": torch.ones(64)}))
     with pytest.raises(CheckpointError, match=r"unexpected tensors \['layers.1.hidden_norm.weight'\]"):
         import_draft("vllm", src, tiny_target, tmp_path / "out")
 
 
-def test_vllm_rejects_model_prefix_sglang_accepts_it(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_vllm_rejects_model_prefix_sglang_accepts_it(
+    exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     for fmt in ("sglang", "vllm"):
         src = exported(fmt)
         edit_tensors(src, lambda t: t.update({"model.fc.weight": t.pop("fc.weight")}))
         if fmt == "sglang":
             import_draft(fmt, src, tiny_target, tmp_path / "ok")  # SGLang's loader strips "model."
         else:
-            with pytest.raises(CheckpointError, match="tensor 'model.fc.weight': vLLM's loader adds the 'model.' prefix"):
+            with pytest.raises(
+                CheckpointError, match="tensor 'model.fc.weight': vLLM's loader adds the 'model.' prefix"
+            ):
                 import_draft(fmt, src, tiny_target, tmp_path / "bad")
 
 
 def test_lost_vocab_map(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
     src = exported("sglang")
-    edit_tensors(src, lambda t: t.update({"d2t": torch.zeros_like(t["d2t"]), "t2d": torch.zeros_like(t["t2d"])}))
-    with pytest.raises(CheckpointError, match="'d2t' is all zeros while draft_vocab_size=200 < vocab_size=384"):
+    edit_tensors(
+        src, lambda t: t.update({"d2t": torch.zeros_like(t["d2t"]), "t2d": torch.zeros_like(t["t2d"])})
+    )
+    with pytest.raises(
+        CheckpointError, match="'d2t' is all zeros while draft_vocab_size=200 < vocab_size=384"
+    ):
         import_draft("sglang", src, tiny_target, tmp_path / "out")
 
 
@@ -86,7 +101,9 @@ def test_vocab_mismatch(exported: Callable[[str], Path], tiny_target: LoadedTarg
         import_draft("vllm", src, tiny_target, tmp_path / "out")
 
 
-def test_target_hidden_mismatch(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_target_hidden_mismatch(
+    exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = exported("sglang")
     edit_config(src, lambda c: c.update({"target_hidden_size": 96}))
     with pytest.raises(ConfigError, match=r"target_hidden_size \(the target's Ht\): expected 64, got 96"):
@@ -96,9 +113,24 @@ def test_target_hidden_mismatch(exported: Callable[[str], Path], tiny_target: Lo
 @pytest.mark.parametrize(
     ("fmt", "key", "value", "pattern"),
     [
-        ("sglang", "architectures", ["LlamaForCausalLMEagle"], r"architectures: expected \['LlamaForCausalLMEagle3'\], got \['LlamaForCausalLMEagle'\]"),
-        ("vllm", "architectures", ["Eagle3LlamaForCausalLM"], r"architectures: expected \['Eagle3Speculator'\], got \['Eagle3LlamaForCausalLM'\]"),
-        ("vllm", "speculators_model_type", "eagle", r"speculators_model_type: expected 'eagle3', got 'eagle'"),
+        (
+            "sglang",
+            "architectures",
+            ["LlamaForCausalLMEagle"],
+            r"architectures: expected \['LlamaForCausalLMEagle3'\], got \['LlamaForCausalLMEagle'\]",
+        ),
+        (
+            "vllm",
+            "architectures",
+            ["Eagle3LlamaForCausalLM"],
+            r"architectures: expected \['Eagle3Speculator'\], got \['Eagle3LlamaForCausalLM'\]",
+        ),
+        (
+            "vllm",
+            "speculators_model_type",
+            "eagle",
+            r"speculators_model_type: expected 'eagle3', got 'eagle'",
+        ),
         ("vllm", "norm_before_residual", None, r"norm_before_residual absent: vLLM reads it as true"),
         ("vllm", "norm_before_residual", True, r"norm_before_residual: expected false, got True"),
         ("vllm", "draft_vocab_size", None, r"draft_vocab_size: expected an integer, got None"),
@@ -108,7 +140,13 @@ def test_target_hidden_mismatch(exported: Callable[[str], Path], tiny_target: Lo
     ],
 )
 def test_bad_config_values(
-    fmt: str, key: str, value: object, pattern: str, exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path
+    fmt: str,
+    key: str,
+    value: object,
+    pattern: str,
+    exported: Callable[[str], Path],
+    tiny_target: LoadedTarget,
+    tmp_path: Path,
 ) -> None:
     src = exported(fmt)
     edit_config(src, lambda c: c.pop(key) if value is None else c.update({key: value}))
@@ -116,21 +154,34 @@ def test_bad_config_values(
         import_draft(fmt, src, tiny_target, tmp_path / "out")  # type: ignore[arg-type]
 
 
-def test_sglang_ids_only_top_level(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_sglang_ids_only_top_level(
+    exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = exported("sglang")
-    edit_config(src, lambda c: c.update({"eagle_aux_hidden_state_layer_ids": c.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]}))
+    edit_config(
+        src,
+        lambda c: c.update(
+            {"eagle_aux_hidden_state_layer_ids": c.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]}
+        ),
+    )
     with pytest.raises(ConfigError, match="top-level eagle_aux_hidden_state_layer_ids without eagle_config"):
         import_draft("sglang", src, tiny_target, tmp_path / "out")
 
 
-def test_pickle_checkpoint_is_refused(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_pickle_checkpoint_is_refused(
+    exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = exported("sglang")
     (src / "model.safetensors").unlink()
     (src / "pytorch_model.bin").write_bytes(b"not unpickled")
-    with pytest.raises(CheckpointError, match=r"(?s)pickle format \(pytorch_model.bin\).*never unpickles.*fix:.*save_file"):
+    with pytest.raises(
+        CheckpointError, match=r"(?s)pickle format \(pytorch_model.bin\).*never unpickles.*fix:.*save_file"
+    ):
         import_draft("sglang", src, tiny_target, tmp_path / "out")
 
 
 def test_unknown_format(exported: Callable[[str], Path], tiny_target: LoadedTarget, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--format: expected one of \['sglang', 'vllm', 'eagle'\], got 'trtllm'"):
+    with pytest.raises(
+        ConfigError, match=r"--format: expected one of \['sglang', 'vllm', 'eagle'\], got 'trtllm'"
+    ):
         import_draft("trtllm", exported("sglang"), tiny_target, tmp_path / "out")  # type: ignore[arg-type]

@@ -47,7 +47,8 @@ def test_eagle_official_import(make_draft: MakeDraft, tiny_target: LoadedTarget,
     assert contract.fingerprint is not None
     assert torch.equal(after.embed_tokens.weight, target_parts(tiny_target.model).embed_tokens.weight)
     with torch.no_grad():
-        before.embed_tokens.weight.copy_(after.embed_tokens.weight)  # EAGLE serves with the target's embedding
+        # EAGLE serves with the target's embedding
+        before.embed_tokens.weight.copy_(after.embed_tokens.weight)
     for name, tensor in before.state_dict().items():
         assert torch.equal(tensor, after.state_dict()[name]), name
     for x, y in zip(draft_logits(before), draft_logits(after), strict=True):
@@ -56,7 +57,9 @@ def test_eagle_official_import(make_draft: MakeDraft, tiny_target: LoadedTarget,
         import_draft("eagle", eagle_dir, tiny_target, tmp_path / "x", numbering="sglang-legacy")
 
 
-def test_eagle_format_refuses_engine_exports(make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_eagle_format_refuses_engine_exports(
+    make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     sg = export_draft(make_draft(), "sglang", tmp_path / "sg").out
     with pytest.raises(ConfigError, match="(?s)this is an SGLang export.*--format sglang"):
         import_draft("eagle", sg, tiny_target, tmp_path / "x")
@@ -68,13 +71,36 @@ def test_cli_export_then_import(make_draft: MakeDraft, tiny_target: LoadedTarget
     runner = CliRunner()
     exp = runner.invoke(
         app,
-        ["export", "--draft", str(src), "--format", "vllm", "--out", str(tmp_path / "e"), "--target-path", str(target_dir), "--num-steps", "4"],
+        [
+            "export",
+            "--draft",
+            str(src),
+            "--format",
+            "vllm",
+            "--out",
+            str(tmp_path / "e"),
+            "--target-path",
+            str(target_dir),
+            "--num-steps",
+            "4",
+        ],
     )
     assert exp.exit_code == 0, exp.output
     assert "--speculative-config" in exp.output and '"num_speculative_tokens": 4' in exp.output
     assert (tmp_path / "e" / "launch_vllm.sh").exists()
     imp = runner.invoke(
-        app, ["import", "--format", "vllm", "--src", str(tmp_path / "e"), "--target", str(target_dir), "--out", str(tmp_path / "b")]
+        app,
+        [
+            "import",
+            "--format",
+            "vllm",
+            "--src",
+            str(tmp_path / "e"),
+            "--target",
+            str(target_dir),
+            "--out",
+            str(tmp_path / "b"),
+        ],
     )
     assert imp.exit_code == 0, imp.output
     assert "speculators (from format)" in imp.output
@@ -89,7 +115,18 @@ def test_cli_ambiguous_sglang_export_exits_2(make_draft: MakeDraft, tmp_path: Pa
     import sys
 
     src = make_draft(boundaries=[3, 4, 6])
-    cmd = [sys.executable, "-c", "from eaglewire.cli import main; main()", "export", "--draft", str(src), "--format", "sglang", "--out", str(tmp_path / "e")]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from eaglewire.cli import main; main()",
+        "export",
+        "--draft",
+        str(src),
+        "--format",
+        "sglang",
+        "--out",
+        str(tmp_path / "e"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "--sglang-generation legacy|pr25454" in proc.stderr

@@ -31,7 +31,8 @@ def speculators_eagle3() -> ModuleType:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return pytest.importorskip(
-            "speculators.models.eagle3", reason="speculators is not importable (pip install speculators to run this check)"
+            "speculators.models.eagle3",
+            reason="speculators is not importable (pip install speculators to run this check)",
         )
 
 
@@ -62,7 +63,13 @@ def test_speculators_loads_vllm_export_with_same_logits(
     captured: list[torch.Tensor] = []
     hook = theirs.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out))
     with torch.no_grad():
-        theirs(hidden_states=aux, input_ids=ids, document_ids=torch.zeros(1, T, dtype=torch.long), position_ids=positions, ttt_steps=1)
+        theirs(
+            hidden_states=aux,
+            input_ids=ids,
+            document_ids=torch.zeros(1, T, dtype=torch.long),
+            position_ids=positions,
+            ttt_steps=1,
+        )
         expected = ours(ids, ours.project(aux), positions).logits  # [1, T, Vd]
     hook.remove()
     assert captured[0].shape == expected.shape

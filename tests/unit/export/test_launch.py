@@ -32,28 +32,40 @@ def test_default_chain_is_consistent(make_draft: MakeDraft, tmp_path: Path) -> N
     assert flag(argv, "--speculative-algorithm") == "EAGLE3"
     assert flag(argv, "--model-path") == "/models/t"
     assert flag(argv, "--speculative-draft-model-path") == str((tmp_path / "e").resolve())
-    steps, topk, nodes = (int(flag(argv, f)) for f in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"))
-    assert (steps, topk, nodes) == (DEFAULT_NUM_STEPS, 1, DEFAULT_NUM_STEPS + 1)  # topk=1: num_draft_tokens = steps + 1
+    steps, topk, nodes = (
+        int(flag(argv, f))
+        for f in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+    )
+    # topk=1: num_draft_tokens = num_steps + 1
+    assert (steps, topk, nodes) == (DEFAULT_NUM_STEPS, 1, DEFAULT_NUM_STEPS + 1)
     assert "no recorded best setting" in result.spec_source
 
 
 def test_recorded_best_setting_is_used(make_draft: MakeDraft, tmp_path: Path) -> None:
     src = make_draft()
-    (src / BEST_SETTING_FILE).write_text(json.dumps({"num_steps": 5, "topk": 4, "num_draft_tokens": 8, "source": "bench run 7"}))
+    (src / BEST_SETTING_FILE).write_text(
+        json.dumps({"num_steps": 5, "topk": 4, "num_draft_tokens": 8, "source": "bench run 7"})
+    )
     sg = export_draft(src, "sglang", tmp_path / "s")
     argv = script_argv(sg.launch_file)
-    assert [flag(argv, f) for f in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")] == ["5", "4", "8"]
+    assert [
+        flag(argv, f)
+        for f in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+    ] == ["5", "4", "8"]
     assert "bench run 7" in sg.spec_source and "bench run 7" in sg.launch_file.read_text()
     vl = export_draft(src, "vllm", tmp_path / "v")
     spec = json.loads(flag(script_argv(vl.launch_file), "--speculative-config"))
     assert spec == {"method": "eagle3", "model": str((tmp_path / "v").resolve()), "num_speculative_tokens": 5}
     cfg = json.loads((vl.out / "config.json").read_text())
-    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5  # same number in both places
+    # the same number in config.json and in the launch command
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
 
 
 def test_best_setting_file_and_flags_precedence(make_draft: MakeDraft, tmp_path: Path) -> None:
     src = make_draft()
-    (src / BEST_SETTING_FILE).write_text(json.dumps({"num_steps": 5, "topk": 4, "num_draft_tokens": 8, "source": "in dir"}))
+    (src / BEST_SETTING_FILE).write_text(
+        json.dumps({"num_steps": 5, "topk": 4, "num_draft_tokens": 8, "source": "in dir"})
+    )
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "source": "passed"}))
     assert export_draft(src, "sglang", tmp_path / "a", best_setting=other).spec.num_steps == 2

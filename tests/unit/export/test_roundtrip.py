@@ -22,7 +22,9 @@ def tensor_names(directory: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "vllm"])
-def test_export_import_identical_weights_and_logits(fmt: str, make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_export_import_identical_weights_and_logits(
+    fmt: str, make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = make_draft()
     exported = export_draft(src, fmt, tmp_path / f"{fmt}-export")  # type: ignore[arg-type]
     assert tensor_names(exported.out) == loader_tensors(fmt)  # type: ignore[arg-type]
@@ -46,7 +48,9 @@ def test_export_import_identical_weights_and_logits(fmt: str, make_draft: MakeDr
     assert contract_after.aux_boundaries == contract_before.aux_boundaries
 
 
-def test_vllm_full_vocab_omits_vocab_tensors(make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_vllm_full_vocab_omits_vocab_tensors(
+    make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     """speculators writes d2t/t2d only when Vd != V (vLLM then uses the identity); SGLang always gets them."""
     src = make_draft(draft_vocab=None)
     vllm = export_draft(src, "vllm", tmp_path / "v")
@@ -58,7 +62,9 @@ def test_vllm_full_vocab_omits_vocab_tensors(make_draft: MakeDraft, tiny_target:
     assert torch.equal(model.draft_to_target, torch.arange(tiny_target.vocab_size))
 
 
-def test_bfloat16_export_rounds_only_weights(make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_bfloat16_export_rounds_only_weights(
+    make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = make_draft()
     exported = export_draft(src, "sglang", tmp_path / "bf16", dtype="bfloat16")
     with safe_open(str(exported.out / "model.safetensors"), framework="pt") as f:

@@ -27,7 +27,9 @@ def test_export_refuses_ambiguous_ids_without_generation(make_draft: MakeDraft, 
 
 
 @pytest.mark.parametrize(("generation", "ids"), [("legacy", [2, 3, 5]), ("pr25454", [3, 4, 6])])
-def test_named_generation_picks_its_ids(generation: str, ids: list[int], make_draft: MakeDraft, tmp_path: Path) -> None:
+def test_named_generation_picks_its_ids(
+    generation: str, ids: list[int], make_draft: MakeDraft, tmp_path: Path
+) -> None:
     src = make_draft(boundaries=AMBIGUOUS)
     result = export_draft(src, "sglang", tmp_path / generation, sglang_generation=generation)
     cfg = json.loads((result.out / "config.json").read_text())
@@ -46,7 +48,9 @@ def test_import_of_ambiguous_ids(make_draft: MakeDraft, tiny_target: LoadedTarge
     # a foreign export (no export.json, no contract.json): refused until the numbering is stated
     (exported.out / "export.json").unlink()
     (exported.out / "contract.json").unlink()
-    with pytest.raises(BoundaryError, match=r"(?s)before PR #25454 read boundaries \[3, 4, 6\].*with it read \[2, 3, 5\]"):
+    with pytest.raises(
+        BoundaryError, match=r"(?s)before PR #25454 read boundaries \[3, 4, 6\].*with it read \[2, 3, 5\]"
+    ):
         import_draft("sglang", exported.out, tiny_target, tmp_path / "b")
     legacy = import_draft("sglang", exported.out, tiny_target, tmp_path / "c", numbering="sglang-legacy")
     assert legacy.boundaries == (3, 4, 6) and legacy.numbering_from == "stated"
@@ -54,14 +58,18 @@ def test_import_of_ambiguous_ids(make_draft: MakeDraft, tiny_target: LoadedTarge
     assert newer.boundaries == (2, 3, 5)
 
 
-def test_stated_numbering_that_contradicts_the_contract(make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_stated_numbering_that_contradicts_the_contract(
+    make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     src = make_draft(boundaries=AMBIGUOUS)
     exported = export_draft(src, "sglang", tmp_path / "e", sglang_generation="legacy")
     with pytest.raises(ContractMismatchError, match=r"(?s)aux_boundaries: .*=\[3, 4, 6\] .*=\[2, 3, 5\]"):
         import_draft("sglang", exported.out, tiny_target, tmp_path / "x", numbering="sglang-pr25454")
 
 
-def test_default_boundaries_import_without_anything(make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path) -> None:
+def test_default_boundaries_import_without_anything(
+    make_draft: MakeDraft, tiny_target: LoadedTarget, tmp_path: Path
+) -> None:
     exported = export_draft(make_draft(), "sglang", tmp_path / "e")
     assert exported.layer_ids[0] == 1  # both generations add 1
     for name in ("export.json", "contract.json"):

@@ -34,7 +34,10 @@ def test_all_zero_d2t_with_smaller_draft_vocab_is_refused() -> None:
         offsets_to_absolute(torch.zeros(5, dtype=torch.long), t2d, vocab_size=V, draft_vocab_size=5)
     # ... unless t2d confirms that the draft vocabulary really is the first Vd ids
     t2d[:5] = True
-    assert torch.equal(offsets_to_absolute(torch.zeros(5, dtype=torch.long), t2d, vocab_size=V, draft_vocab_size=5), torch.arange(5))
+    assert torch.equal(
+        offsets_to_absolute(torch.zeros(5, dtype=torch.long), t2d, vocab_size=V, draft_vocab_size=5),
+        torch.arange(5),
+    )
 
 
 def test_missing_d2t_with_smaller_draft_vocab() -> None:

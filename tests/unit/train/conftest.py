@@ -27,7 +27,9 @@ def make_records(vocab_size: int, n: int, *, seed: int, lo: int = 14, hi: int = 
 def capture_records(target, contract, records) -> list[CapturedRecord]:
     out = []
     for r in records:
-        st = capture(target.model, r.input_ids[None], aux_boundaries=contract.aux_boundaries, final=contract.final)
+        st = capture(
+            target.model, r.input_ids[None], aux_boundaries=contract.aux_boundaries, final=contract.final
+        )
         out.append(CapturedRecord(r.record_id, r.input_ids, r.loss_mask, st.aux[0], st.final[0]))
     return out
 

@@ -20,8 +20,18 @@ from tests.unit.train.conftest import capture_records, make_records
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 REPO = Path(__file__).resolve().parents[3]
-CONFIG = TrainConfig(ttt_steps=3, max_length=48, pack=True, batch_size=2, learning_rate=3e-3, warmup_ratio=0.0,
-                     epochs=1, grad_accum_steps=1, seed=0)
+# 16 unpacked records = 16 rows = 4 optimizer steps of 4 rows (2 processes x 2, or 1 process x 4).
+CONFIG = TrainConfig(
+    ttt_steps=3,
+    max_length=48,
+    pack=False,
+    batch_size=2,
+    learning_rate=3e-3,
+    warmup_ratio=0.25,
+    epochs=1,
+    grad_accum_steps=1,
+    seed=0,
+)
 
 
 def build_target():
@@ -38,8 +48,15 @@ def build_target():
 
 def test_two_processes_match_one_process_with_double_batch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(REPO / "tests/unit/train/ddp_worker.py"),
-           str(tmp_path), "2"]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(REPO / "tests/unit/train/ddp_worker.py"),
+        str(tmp_path),
+        "2",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -47,8 +64,10 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
     records = capture_records(target, contract, make_records(target.vocab_size, 16, seed=1))
     draft = init_draft(target, contract, seed=0)
     single = CONFIG.__class__(**{**CONFIG.__dict__, "batch_size": 4})
-    res = train(single, draft, contract, records, side_for(draft), out_dir=tmp_path / "single", progress=False)
-    assert res.optimizer_steps >= 2
+    res = train(
+        single, draft, contract, records, side_for(draft), out_dir=tmp_path / "single", progress=False
+    )
+    assert res.optimizer_steps == 4
     ref = load_file(str(res.draft_dir / "model.safetensors"))
     init = init_draft(target, contract, seed=0).state_dict()
     for parallel in ("ddp", "fsdp"):

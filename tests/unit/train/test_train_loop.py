@@ -18,19 +18,36 @@ from eaglewire.train.config import TrainConfig
 from eaglewire.train.loop import train
 from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 
-FAST = TrainConfig(ttt_steps=3, max_length=64, batch_size=4, learning_rate=3e-3, warmup_ratio=0.1, epochs=2,
-                   step_weight_decay=0.8)
+FAST = TrainConfig(
+    ttt_steps=3,
+    max_length=64,
+    batch_size=4,
+    learning_rate=3e-3,
+    warmup_ratio=0.1,
+    epochs=2,
+    step_weight_decay=0.8,
+)
 
 
 def offline(target, contract, draft):
     return OfflineTarget(TargetHead.from_target(target, contract.final), contract, draft.draft_to_target)
 
 
-def test_loss_decreases_on_tiny_dataset(tiny_target, tiny_contract, captured_records, eval_captured, tmp_path):
+def test_loss_decreases_on_tiny_dataset(
+    tiny_target, tiny_contract, captured_records, eval_captured, tmp_path
+):
     draft = init_draft(tiny_target, tiny_contract, seed=0)
     cfg = replace(FAST, epochs=12, eval_every=8)  # 16 packed records make 2 steps an epoch
-    res = train(cfg, draft, tiny_contract, captured_records, offline(tiny_target, tiny_contract, draft),
-                out_dir=tmp_path / "run", eval_data=eval_captured, progress=False)
+    res = train(
+        cfg,
+        draft,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, draft),
+        out_dir=tmp_path / "run",
+        eval_data=eval_captured,
+        progress=False,
+    )
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if x["split"] == "train"]
     evals = [x for x in lines if x["split"] == "eval"]
@@ -54,21 +71,49 @@ def test_loss_decreases_on_tiny_dataset(tiny_target, tiny_contract, captured_rec
 def test_resume_reaches_the_same_weights(tiny_target, tiny_contract, captured_records, tmp_path):
     cfg = replace(FAST, epochs=4, checkpoint_every=3, keep_checkpoints=1)
     full = init_draft(tiny_target, tiny_contract, seed=0)
-    res_full = train(cfg, full, tiny_contract, captured_records, offline(tiny_target, tiny_contract, full),
-                     out_dir=tmp_path / "full", progress=False)
+    res_full = train(
+        cfg,
+        full,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, full),
+        out_dir=tmp_path / "full",
+        progress=False,
+    )
 
     part = init_draft(tiny_target, tiny_contract, seed=0)
     run = tmp_path / "part"
     # "crash" two steps after the checkpoint at step 3: no checkpoint is written for steps 4-5
-    early = train(cfg, part, tiny_contract, captured_records, offline(tiny_target, tiny_contract, part),
-                  out_dir=run, stop_after_steps=5, progress=False)
+    early = train(
+        cfg,
+        part,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, part),
+        out_dir=run,
+        stop_after_steps=5,
+        progress=False,
+    )
     assert early.optimizer_steps == 5
     assert json.loads((run / "latest.json").read_text())["optimizer_step"] == 3
-    fresh = init_draft(tiny_target, tiny_contract, seed=7)  # different init: every weight must come from the checkpoint
-    res = train(cfg, fresh, tiny_contract, captured_records, offline(tiny_target, tiny_contract, fresh),
-                out_dir=run, resume=True, progress=False)
+    fresh = init_draft(
+        tiny_target, tiny_contract, seed=7
+    )  # different init: every weight must come from the checkpoint
+    res = train(
+        cfg,
+        fresh,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, fresh),
+        out_dir=run,
+        resume=True,
+        progress=False,
+    )
     assert res.optimizer_steps == res_full.optimizer_steps
-    a, b = load_file(str(res_full.draft_dir / "model.safetensors")), load_file(str(res.draft_dir / "model.safetensors"))
+    a, b = (
+        load_file(str(res_full.draft_dir / "model.safetensors")),
+        load_file(str(res.draft_dir / "model.safetensors")),
+    )
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
@@ -76,8 +121,16 @@ def test_resume_reaches_the_same_weights(tiny_target, tiny_contract, captured_re
     assert steps == list(range(1, res.optimizer_steps + 1))  # lines of the lost steps 4-5 were replaced
     # the config of a resumed run must be the run's own
     with pytest.raises(ConfigError, match="learning_rate"):
-        train(replace(cfg, learning_rate=1.0), fresh, tiny_contract, captured_records,
-              offline(tiny_target, tiny_contract, fresh), out_dir=run, resume=True, progress=False)
+        train(
+            replace(cfg, learning_rate=1.0),
+            fresh,
+            tiny_contract,
+            captured_records,
+            offline(tiny_target, tiny_contract, fresh),
+            out_dir=run,
+            resume=True,
+            progress=False,
+        )
 
 
 def test_contract_mismatch_stops_before_step_one(tiny_target, tiny_contract, captured_records, tmp_path):
@@ -85,8 +138,15 @@ def test_contract_mismatch_stops_before_step_one(tiny_target, tiny_contract, cap
     draft = init_draft(tiny_target, other, seed=0)
     before = {k: v.clone() for k, v in draft.state_dict().items()}
     with pytest.raises(ContractMismatchError) as err:
-        train(FAST, draft, other, captured_records, offline(tiny_target, tiny_contract, draft),
-              out_dir=tmp_path / "run", progress=False)
+        train(
+            FAST,
+            draft,
+            other,
+            captured_records,
+            offline(tiny_target, tiny_contract, draft),
+            out_dir=tmp_path / "run",
+            progress=False,
+        )
     msg = str(err.value)
     assert "aux_boundaries: draft=[1, 4, 5] data=[2, 4, 5]" in msg
     assert "draft contract:" in msg and "data contract:" in msg  # both printed
@@ -100,8 +160,15 @@ def test_non_finite_loss_names_step_and_records(tiny_target, tiny_contract, capt
     records[2] = replace(bad, aux=bad.aux.clone().fill_(float("inf")))
     draft = init_draft(tiny_target, tiny_contract, seed=0)
     with pytest.raises(TrainingError, match="optimizer step 1 ") as err:
-        train(replace(FAST, batch_size=4, epochs=1), draft, tiny_contract, records,
-              offline(tiny_target, tiny_contract, draft), out_dir=tmp_path / "run", progress=False)
+        train(
+            replace(FAST, batch_size=4, epochs=1),
+            draft,
+            tiny_contract,
+            records,
+            offline(tiny_target, tiny_contract, draft),
+            out_dir=tmp_path / "run",
+            progress=False,
+        )
     assert bad.record_id in str(err.value)
 
 
@@ -110,10 +177,16 @@ def test_online_inputs_equal_offline_inputs(tiny_target, tiny_contract, token_re
     hand the draft the same aux states and the same restricted target distribution."""
     d2t = torch.arange(0, tiny_target.vocab_size, 2)  # a draft vocab of every other token
     head = TargetHead.from_target(tiny_target, tiny_contract.final)
-    online, offline_side = OnlineTarget(tiny_target, tiny_contract, d2t), OfflineTarget(head, tiny_contract, d2t)
-    rows = [tuple(slot for slot in r) for r in
-            __import__("eaglewire.train.batches", fromlist=["plan_rows"]).plan_rows(
-                [len(r.input_ids) for r in token_records[:6]], range(6), max_length=64, pack=True)]
+    online, offline_side = (
+        OnlineTarget(tiny_target, tiny_contract, d2t),
+        OfflineTarget(head, tiny_contract, d2t),
+    )
+    rows = [
+        tuple(slot for slot in r)
+        for r in __import__("eaglewire.train.batches", fromlist=["plan_rows"]).plan_rows(
+            [len(r.input_ids) for r in token_records[:6]], range(6), max_length=64, pack=True
+        )
+    ]
     from eaglewire.train.batches import fetch_rows
 
     a = online.prepare(rows, fetch_rows(token_records, rows), torch.device("cpu"))
@@ -127,13 +200,27 @@ def test_online_inputs_equal_offline_inputs(tiny_target, tiny_contract, token_re
 
 def test_online_training_runs(tiny_target, tiny_contract, token_records, tmp_path):
     draft = init_draft(tiny_target, tiny_contract, seed=0)
-    res = train(replace(FAST, epochs=1, max_steps=2), draft, tiny_contract, token_records,
-                OnlineTarget(tiny_target, tiny_contract, draft.draft_to_target), out_dir=tmp_path / "run", progress=False)
+    res = train(
+        replace(FAST, epochs=1, max_steps=2),
+        draft,
+        tiny_contract,
+        token_records,
+        OnlineTarget(tiny_target, tiny_contract, draft.draft_to_target),
+        out_dir=tmp_path / "run",
+        progress=False,
+    )
     assert res.optimizer_steps == 2 and res.tokens > 0
     assert (tmp_path / "run" / "train_config.json").exists()
     with pytest.raises(ConfigError, match="already holds a training run"):
-        train(replace(FAST, epochs=1, max_steps=2), draft, tiny_contract, token_records,
-              OnlineTarget(tiny_target, tiny_contract, draft.draft_to_target), out_dir=tmp_path / "run", progress=False)
+        train(
+            replace(FAST, epochs=1, max_steps=2),
+            draft,
+            tiny_contract,
+            token_records,
+            OnlineTarget(tiny_target, tiny_contract, draft.draft_to_target),
+            out_dir=tmp_path / "run",
+            progress=False,
+        )
 
 
 def test_target_head_from_directory_matches_the_model(tiny_target, tiny_contract, tmp_path):
@@ -143,6 +230,19 @@ def test_target_head_from_directory_matches_the_model(tiny_target, tiny_contract
     final = torch.randn(5, tiny_target.hidden_size)
     for norm in ("pre", "post"):
         fs = replace(tiny_contract.final, norm=norm)
-        torch.testing.assert_close(TargetHead.from_pretrained(tmp_path / "target", fs)(final),
-                                   TargetHead.from_target(tiny_target, fs)(final))
+        torch.testing.assert_close(
+            TargetHead.from_pretrained(tmp_path / "target", fs)(final),
+            TargetHead.from_target(tiny_target, fs)(final),
+        )
     assert isinstance(tiny_contract, Contract)
+
+
+def test_tensorboard_missing_is_a_clear_error(tmp_path):
+    import importlib.util
+
+    from eaglewire.train.reporting import open_tensorboard
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here")
+    with pytest.raises(ConfigError, match="pip install tensorboard"):
+        open_tensorboard(tmp_path)

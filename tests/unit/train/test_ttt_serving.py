@@ -41,7 +41,9 @@ def serving_logits(draft, aux, ids, t: int, steps: int) -> list[torch.Tensor]:
     logits = [out.logits[:, -1]]
     h = out.hidden[:, -1:]
     for s in range(1, steps):
-        out = draft(ids[:, t + 1 + s : t + 2 + s], h, torch.tensor([[t + s]]), kv=kv)  # mask None: sees all keys
+        out = draft(
+            ids[:, t + 1 + s : t + 2 + s], h, torch.tensor([[t + s]]), kv=kv
+        )  # mask None: sees all keys
         logits.append(out.logits[:, -1])
         h = out.hidden
     return logits
@@ -87,8 +89,12 @@ def test_packed_rows_equal_separate_records(setup):
         ok = step_in_range(doc, s)[0]
         assert ok[:11].sum() == 11 - 2 - s and ok[11:].sum() == 9 - 2 - s
         ra, rb = ok[:11], ok[11:]
-        torch.testing.assert_close(packed[s].logits[0, :11][ra], alone_a[s].logits[0][ra], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(packed[s].logits[0, 11:][rb], alone_b[s].logits[0][rb], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            packed[s].logits[0, :11][ra], alone_a[s].logits[0][ra], rtol=1e-5, atol=1e-5
+        )
+        torch.testing.assert_close(
+            packed[s].logits[0, 11:][rb], alone_b[s].logits[0][rb], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_mask_shape_and_diagonal():

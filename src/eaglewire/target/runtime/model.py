@@ -20,12 +20,54 @@ never repeated: q [B, Hkv, G*N, hd] against k [B, Hkv, S, hd].
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from eaglewire.nn.rope import apply_rope
 from eaglewire.target.runtime.weights import ModelSpec
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """How the compiled (decode/verify) forward computes its small pieces. rows = B*N tokens.
+
+    A matrix product with few rows and a small weight is written as a fused multiply-reduce, which
+    torch.compile turns into one Triton kernel that also absorbs its pointwise producer (the
+    RMSNorm scale, SiLU*up); cuBLAS spends a few microseconds per such call regardless of size.
+    Attention for few rows is likewise three fused reductions instead of an SDPA call. Only for
+    compiled code: eagerly these forms would materialise [rows, N, K] products."""
+
+    reduction_matmul_max_rows: int = 16
+    reduction_matmul_max_bytes: int = 16 * 2**20
+    reduction_attention_max_rows: int = 1
+
+    @classmethod
+    def off(cls) -> KernelChoices:
+        return cls(reduction_matmul_max_rows=0, reduction_matmul_max_bytes=0, reduction_attention_max_rows=0)
+
+
+EAGER_KERNELS = KernelChoices.off()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kc: KernelChoices) -> torch.Tensor:
+    """x [B, N, K] @ w[out, K].T (+ b), float32 accumulation either way."""
+    rows = x.shape[0] * x.shape[1]
+    if rows <= kc.reduction_matmul_max_rows and w.numel() * w.element_size() <= kc.reduction_matmul_max_bytes:
+        y = (x.float().unsqueeze(-2) * w.float()).sum(-1)  # [B, N, out]
+        if b is not None:
+            y = y + b.float()
+        return y.to(x.dtype)
+    return F.linear(x, w, b)
+
+
+def attention_reduce(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, Hkv, R, hd], keys/values [B, Hkv, S, hd], mask [B, 1, R, S] additive -> [B, Hkv, R, hd]."""
+    scale = q.shape[-1] ** -0.5
+    scores = (q.float().unsqueeze(-2) * keys.float().unsqueeze(-3)).sum(-1) * scale + mask.float()  # [B, Hkv, R, S]
+    probs = torch.softmax(scores, dim=-1)
+    return (probs.unsqueeze(-1) * values.float().unsqueeze(-3)).sum(-2).to(q.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,7 +121,9 @@ def prepare(
     return cos, sin, write_slots, mask.contiguous()
 
 
-def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def make_layer_fn(
+    spec: ModelSpec, kc: KernelChoices = EAGER_KERNELS
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """A function computing one decoder layer for `spec` (see `layer` below for its arguments)."""
     Hq, Hkv, hd, G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
     eps, qk_norm = spec.rms_eps, spec.qk_norm
@@ -112,7 +156,7 @@ def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Te
         Returns (x, x2, mlp_out): x = this layer's input (its boundary state), x2 + mlp_out = output."""
         B, N, _ = h.shape
         x = h + delta
-        qkv = F.linear(rms_norm(x, input_norm, eps), qkv_w, qkv_b)  # [B, N, (Hq+2Hkv)*hd]
+        qkv = linear(rms_norm(x, input_norm, eps), qkv_w, qkv_b, kc)  # [B, N, (Hq+2Hkv)*hd]
         q, k, v = qkv.split([Hq * hd, Hkv * hd, Hkv * hd], dim=-1)
         q = q.view(B, N, Hq, hd)
         k = k.view(B, N, Hkv, hd)
@@ -131,13 +175,16 @@ def make_layer_fn(spec: ModelSpec) -> Callable[..., tuple[torch.Tensor, torch.Te
             S = mask.shape[-1]
             qg = q.reshape(B, Hkv, G * N, hd)  # query heads of one KV head side by side
             keys, values = kv_cache[:B, :Hkv, :S], kv_cache[:B, Hkv:, :S]  # [B, Hkv, S, hd] each
-            attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+            if B * N <= kc.reduction_attention_max_rows:
+                attn = attention_reduce(qg, keys, values, mask)
+            else:
+                attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
             attn = attn.view(B, Hq, N, hd)
         attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
-        x2 = x + F.linear(attn, o_w, o_b)
-        gate_up = F.linear(rms_norm(x2, post_norm, eps), gate_up_w, gate_up_b)  # [B, N, 2I]
+        x2 = x + linear(attn, o_w, o_b, kc)
+        gate_up = linear(rms_norm(x2, post_norm, eps), gate_up_w, gate_up_b, kc)  # [B, N, 2I]
         gate, up = gate_up.split([inter, inter], dim=-1)
-        mlp_out = F.linear(F.silu(gate) * up, down_w, down_b)
+        mlp_out = linear(F.silu(gate) * up, down_w, down_b, kc)
         return x, x2, mlp_out
 
     return layer

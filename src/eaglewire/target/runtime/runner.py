@@ -20,7 +20,7 @@ from eaglewire.errors import BoundaryError, ConfigError, expected_actual
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.graphs import GraphCache
 from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket
-from eaglewire.target.runtime.model import make_head_fn, make_layer_fn, prepare
+from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,33 @@ def check_boundaries(aux_boundaries: Sequence[int], num_layers: int) -> tuple[in
     if bad:
         raise BoundaryError(expected_actual("aux_boundaries", f"each in 0..L={num_layers}", list(bounds)))
     return bounds
+
+
+# Which dims of each compiled-function input are the batch (B), new tokens (N) and window (S) axes.
+_DYNAMIC_DIMS: dict[str, tuple[tuple[str, int], ...]] = {
+    "positions": (("B", 0), ("N", 1)),
+    "lengths": (("B", 0),),
+    "tree": (("B", 0), ("N", 1), ("N", 2)),
+    "slots_s": (("S", 0),),
+    "h": (("B", 0), ("N", 1)),
+    "delta": (("B", 0), ("N", 1)),
+    "cos": (("B", 0), ("N", 2)),
+    "sin": (("B", 0), ("N", 2)),
+    "rows": (("B", 0), ("N", 1)),
+    "slots": (("B", 0), ("N", 1)),
+    "mask": (("B", 0), ("N", 2), ("S", 3)),
+}
+
+
+def _mark_dynamic(B: int, N: int, **tensors: torch.Tensor | None) -> None:
+    """Compile the window (and batch/new-token axes beyond 1) symbolically from the first call, so
+    a new bucket reuses the compiled code instead of compiling again (sizes 1 stay specialised)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        for axis, dim in _DYNAMIC_DIMS[name]:
+            if axis == "S" or (axis == "B" and B > 1) or (axis == "N" and N > 1):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 class FastTargetRunner:
@@ -63,6 +90,7 @@ class FastTargetRunner:
         copy_outputs: bool = True,
         graph_max_new_tokens: int = 128,
         compile_options: dict[str, Any] | None = None,
+        kernel_choices: KernelChoices | None = None,
     ) -> None:
         model = target.model
         check_fast_supported(model.config, max_seq_len)
@@ -93,14 +121,13 @@ class FastTargetRunner:
         self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         if self.use_graphs and not on_cuda:
             raise ConfigError("FastTargetRunner: cuda_graphs=True needs a CUDA target", fix="cuda_graphs=None")
-        layer_fn, head_fn = make_layer_fn(spec), make_head_fn(spec)
-        prepare_fn: Callable[..., Any] = prepare
+        self._eager: tuple[Callable[..., Any], ...] = (make_layer_fn(spec), make_head_fn(spec), prepare)
+        self.kernel_choices = kernel_choices or KernelChoices()
+        self._compiled = self._eager
         if self.compiled:
             opts = dict(compile_options or {})
-            layer_fn = torch.compile(layer_fn, fullgraph=True, options=opts)
-            head_fn = torch.compile(head_fn, fullgraph=True, options=opts)
-            prepare_fn = torch.compile(prepare, fullgraph=True, options=opts)
-        self._layer, self._head, self._prepare = layer_fn, head_fn, prepare_fn
+            fns = (make_layer_fn(spec, self.kernel_choices), make_head_fn(spec), prepare)
+            self._compiled = tuple(torch.compile(fn, fullgraph=True, options=opts) for fn in fns)
         self._kv_positions = torch.arange(self.cache.capacity, device=self.device)
         self._rows = torch.arange(max_batch_size, device=self.device)[:, None]
         self._graphs = GraphCache(self.device) if self.use_graphs else None
@@ -217,21 +244,27 @@ class FastTargetRunner:
             logits_at = logits_at.to(dev, torch.long, non_blocking=True)
         w = self.weights
         B, N = input_ids.shape
+        # compiled code serves the bounded-window forwards (decode, verification); prefill and
+        # wide chunks run eagerly (compute-bound; not worth a compile per shape)
+        compiled = kv_positions is not None and N <= self.graph_max_new_tokens
+        layer_fn, head_fn, prepare_fn = self._compiled if compiled else self._eager
         h = F.embedding(input_ids, w.embed)  # [B, N, Ht]
         delta = torch.zeros_like(h)
-        cos, sin, slots, mask = self._prepare(
+        if compiled and self.compiled:
+            _mark_dynamic(B, N, positions=positions, lengths=lengths, tree=tree_mask, slots_s=kv_positions)
+        cos, sin, slots, mask = prepare_fn(
             positions, lengths, tree_mask, kv_positions, w.rope_inv_freq, w.rope_scaling, self.spec.group_size, self.dtype
         )
         rows = self._rows[:B].expand(B, N)
+        if compiled and self.compiled:
+            _mark_dynamic(B, N, h=h, delta=delta, cos=cos, sin=sin, rows=rows, slots=slots, mask=mask)
         wanted = set(self.aux_boundaries)
         states: dict[int, torch.Tensor] = {}
         for i, layer_w in enumerate(w.layers):
-            x, h, delta = self._layer(
-                h, delta, *layer_w, self._kv_layers[i], cos, sin, rows, slots, mask
-            )
+            x, h, delta = layer_fn(h, delta, *layer_w, self._kv_layers[i], cos, sin, rows, slots, mask)
             if i in wanted:
                 states[i] = x
-        final, logits = self._head(h, delta, w.final_norm, w.lm_head, logits_at)
+        final, logits = head_fn(h, delta, w.final_norm, w.lm_head, logits_at)
         L = self.num_layers
         parts = [states[b] if b < L else final for b in self.aux_boundaries]
         aux = torch.cat(parts, dim=-1) if parts else final.new_zeros(B, N, 0)  # [B, N, A*Ht]

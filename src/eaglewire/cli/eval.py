@@ -1,0 +1,98 @@
+"""`eaglewire eval`: offline per-step accuracy and predicted acceptance length of a trained draft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from eaglewire.cli.common import print_json, print_table
+
+TREE_HELP = (
+    "also predict tau for a tree: 'TOPKxDEPTH' (full tree, e.g. 2x3) or a JSON file listing nodes as "
+    "rank paths, e.g. [[0],[1],[0,0]]"
+)
+
+
+def _parse_tree(text: str) -> list[tuple[int, ...]]:
+    from eaglewire.errors import ConfigError
+    from eaglewire.train.evaluate import full_tree
+
+    path = Path(text)
+    if path.exists():
+        try:
+            nodes = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--tree {path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+        if not isinstance(nodes, list) or not all(isinstance(n, list) for n in nodes):
+            raise ConfigError(f"--tree {path}: expected a JSON list of rank paths like [[0],[1],[0,0]]")
+        return [tuple(int(r) for r in n) for n in nodes]
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise typer.BadParameter(f"--tree: expected TOPKxDEPTH like 2x3 or a JSON file, got {text!r}")
+    return full_tree(int(parts[0]), int(parts[1]))
+
+
+def eval_command(
+    draft: Path = typer.Option(
+        ..., "--draft", help="draft directory (e.g. RUN/draft from `eaglewire train`)"
+    ),
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    data: Path = typer.Option(..., "--data", help="held-out tokenized dataset or shard directory"),
+    num_steps: int = typer.Option(5, "--num-steps", help="chain length k (= draft steps evaluated)"),
+    tree: str = typer.Option(None, "--tree", help=TREE_HELP),
+    max_records: int = typer.Option(0, "--max-records", help="0 = all records"),
+    batch_size: int = typer.Option(4, "--batch-size"),
+    max_length: int = typer.Option(2048, "--max-length"),
+    device: str = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available)"),
+    target_dtype: str = typer.Option(None, "--target-dtype"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Per-step accuracy (unconditional and given all earlier steps right) and predicted tau."""
+    from eaglewire.train.run import run_eval
+
+    nodes = _parse_tree(tree) if tree else None
+    depth = max((len(n) for n in nodes), default=0) if nodes else 0
+    result = run_eval(
+        draft_dir=draft,
+        target=target,
+        data_dir=data,
+        num_steps=max(num_steps, depth),
+        batch_size=batch_size,
+        max_length=max_length,
+        max_records=max_records,
+        device=device,
+        target_dtype=target_dtype,
+    )
+    summary = result.summary()
+    report = {
+        **summary,
+        "num_steps": num_steps,
+        "tau_pred_chain": {k: result.tau_chain(k) for k in range(1, num_steps + 1)},
+        "tau_pred_tree": result.tau_tree(nodes) if nodes else None,
+        "tree_nodes": len(nodes) if nodes else None,
+    }
+    if json_out:
+        print_json(report)
+        return
+    rows = [
+        [s + 1, f"{a:.4f}", f"{c:.4f}", n, f"{result.tau_chain(s + 1):.3f}" if s < num_steps else "-"]
+        for s, (a, c, n) in enumerate(
+            zip(summary["acc"], summary["cond_acc"], summary["valid_rows"], strict=True)
+        )
+    ]
+    print_table(
+        f"{draft} on {data}: {summary['records']} records, {summary['tokens']} tokens, "
+        f"{summary['oov_masked']} target tokens outside the draft vocab",
+        ["draft token", "acc", "cond acc", "positions", "tau_pred (chain of this length)"],
+        rows,
+    )
+    if nodes:
+        print_table(
+            "tree", ["nodes", "depth", "tau_pred"], [[len(nodes), depth, f"{report['tau_pred_tree']:.3f}"]]
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)

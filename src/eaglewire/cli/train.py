@@ -1,0 +1,141 @@
+"""`eaglewire train`: train an EAGLE-3 draft online (tokenized dataset) or offline (hidden-state shards).
+
+Multi-GPU: `torchrun --nproc_per_node N $(which eaglewire) train ...` (DDP; `--parallel fsdp` for FSDP2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from eaglewire.cli.common import parse_int_list, print_json, print_table
+
+# CLI flag -> TrainConfig field. Only flags given on the command line override the config.
+_OVERRIDES = {
+    "ttt_steps": "ttt_steps",
+    "epochs": "epochs",
+    "max_steps": "max_steps",
+    "batch_size": "batch_size",
+    "grad_accum_steps": "grad_accum_steps",
+    "max_length": "max_length",
+    "learning_rate": "learning_rate",
+    "warmup_ratio": "warmup_ratio",
+    "eval_every": "eval_every",
+    "eval_max_records": "eval_max_records",
+    "checkpoint_every": "checkpoint_every",
+    "seed": "seed",
+    "precision": "precision",
+    "parallel": "parallel",
+    "tensorboard": "tensorboard",
+    "pack": "pack",
+}
+
+
+def train_command(
+    target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
+    data: Path = typer.Option(..., "--data", help="tokenized dataset (online) or shard directory (offline)"),
+    out: Path = typer.Option(..., "--out", help="run directory: checkpoints, metrics.jsonl, draft/"),
+    draft_init: Path = typer.Option(
+        None, "--draft-init", help="start from this draft (`eaglewire draft init`)"
+    ),
+    eval_data: Path = typer.Option(
+        None, "--eval-data", help="held-out data of the same kind, evaluated during training"
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue the run in --out from its latest checkpoint"
+    ),
+    config: Path = typer.Option(None, "--config", help="TrainConfig JSON (flags below override it)"),
+    aux_boundaries: str = typer.Option(None, "--aux-boundaries", help="without --draft-init: aux boundaries"),
+    vocab_map: Path = typer.Option(
+        None, "--vocab-map", help="without --draft-init: `eaglewire data vocab` output"
+    ),
+    ttt_steps: int = typer.Option(None, "--ttt-steps", help="unrolled steps S (default 7)"),
+    epochs: int = typer.Option(None, "--epochs"),
+    max_steps: int = typer.Option(None, "--max-steps", help="cap on optimizer steps (0 = epochs decide)"),
+    batch_size: int = typer.Option(None, "--batch-size", help="rows per micro-batch per process"),
+    grad_accum_steps: int = typer.Option(None, "--grad-accum-steps"),
+    max_length: int = typer.Option(None, "--max-length", help="tokens per row"),
+    learning_rate: float = typer.Option(None, "--learning-rate"),
+    warmup_ratio: float = typer.Option(None, "--warmup-ratio"),
+    eval_every: int = typer.Option(None, "--eval-every", help="optimizer steps between evaluations"),
+    eval_max_records: int = typer.Option(None, "--eval-max-records"),
+    checkpoint_every: int = typer.Option(None, "--checkpoint-every"),
+    seed: int = typer.Option(None, "--seed"),
+    precision: str = typer.Option(None, "--precision", help="auto | bf16 | fp32"),
+    parallel: str = typer.Option(None, "--parallel", help="ddp | fsdp (under torchrun)"),
+    tensorboard: bool = typer.Option(None, "--tensorboard/--no-tensorboard"),
+    pack: bool = typer.Option(None, "--pack/--no-pack", help="pack several records per row"),
+    device: str = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available)"),
+    target_dtype: str = typer.Option(
+        None, "--target-dtype", help="dtype of the online target (default bf16 on GPU)"
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Train a draft; everything lands in --out (draft in --out/draft, metrics in --out/metrics.jsonl)."""
+    from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig
+    from eaglewire.train.distributed import init_distributed, shutdown_distributed
+    from eaglewire.train.run import run_training
+
+    given = locals()
+    if resume and (out / TRAIN_CONFIG_FILE).exists():
+        base = TrainConfig.load(out)
+    elif config is not None:
+        base = TrainConfig.load(config)
+    else:
+        base = TrainConfig()
+    overrides: dict[str, Any] = {
+        field: given[flag] for flag, field in _OVERRIDES.items() if given[flag] is not None
+    }
+    cfg = replace(base, **overrides)
+    d2t = None
+    if vocab_map is not None:
+        from eaglewire.data.vocab import load_draft_vocab
+
+        d2t = load_draft_vocab(vocab_map).draft_to_target
+    ctx = init_distributed(device)
+    try:
+        result = run_training(
+            target=target,
+            data_dir=data,
+            out_dir=out,
+            config=cfg,
+            draft_init=draft_init,
+            eval_dir=eval_data,
+            resume=resume,
+            aux_boundaries=parse_int_list(aux_boundaries, what="--aux-boundaries"),
+            draft_to_target=d2t,
+            target_dtype=target_dtype,
+            progress=progress,
+            ctx=ctx,
+        )
+    finally:
+        shutdown_distributed()
+    if not ctx.is_main:
+        return
+    report = {
+        "out": str(result.out_dir),
+        "draft": str(result.draft_dir),
+        "optimizer_steps": result.optimizer_steps,
+        "tokens_per_s": result.tokens_per_s,
+        "train": result.train,
+        "eval": result.eval,
+    }
+    if json_out:
+        print_json(report)
+        return
+    rows = [["optimizer steps", result.optimizer_steps], ["tokens/s (train)", f"{result.tokens_per_s:,.0f}"]]
+    for name, summary in (("train (last step)", result.train), ("eval", result.eval)):
+        if summary:
+            rows.append([f"{name} loss", f"{summary['loss']:.4f}"])
+            rows.append([f"{name} acc per step", " ".join(f"{a:.3f}" for a in summary["acc"])])
+            rows.append([f"{name} cond acc per step", " ".join(f"{a:.3f}" for a in summary["cond_acc"])])
+    rows.append(["draft", str(result.draft_dir)])
+    print_table(f"training done: {result.out_dir}", ["", "value"], rows)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)

@@ -1,0 +1,195 @@
+"""What `eaglewire train` and `eaglewire eval` do: open the data directory, pick the online or
+offline target side, get a draft, and call the loop / the evaluator.
+
+A data directory is either a tokenized dataset (`eaglewire data build`: online, the target runs
+inside the loop) or a shard directory (`eaglewire data capture`: offline, only the target's final
+norm and lm_head are loaded).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from eaglewire.contract.contract import Contract
+from eaglewire.draft.init import init_draft
+from eaglewire.draft.io import load_draft
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import ContractMismatchError, DataFormatError
+from eaglewire.target.identity import build_contract, config_hash
+from eaglewire.target.loading import LoadedTarget, load_target, resolve_target_path
+from eaglewire.train.checkpoint import find_latest
+from eaglewire.train.config import TrainConfig
+from eaglewire.train.distributed import DistContext, init_distributed
+from eaglewire.train.evaluate import EvalResult, evaluate_draft
+from eaglewire.train.loop import TrainResult, train
+from eaglewire.train.target_side import (
+    OfflineTarget,
+    OnlineTarget,
+    TargetHead,
+    TargetSide,
+    check_data_contract,
+)
+
+log = logging.getLogger(__name__)
+
+DataKind = Literal["online", "offline"]
+
+
+@dataclass
+class OpenedData:
+    kind: DataKind
+    records: Any  # TokenizedDataset or ShardDataset
+    contract: Contract | None  # shards carry one; tokenized data does not (the live target defines it)
+    path: Path
+
+
+def open_data(path: Path) -> OpenedData:
+    """Detect and open a tokenized dataset (online) or a shard directory (offline)."""
+    path = Path(path)
+    if (path / "manifest.json").exists():
+        from eaglewire.data.shards import ShardDataset
+
+        shards = ShardDataset(path)
+        return OpenedData("offline", shards, shards.contract, path)
+    if (path / "index.json").exists() and (path / "tokens.safetensors").exists():
+        from eaglewire.data.records import TokenizedDataset
+
+        return OpenedData("online", TokenizedDataset.load(path), None, path)
+    raise DataFormatError(
+        f"{path}: neither a tokenized dataset (index.json + tokens.safetensors) nor a shard directory (manifest.json)",
+        fix="build one with `eaglewire data build` (online) or `eaglewire data capture` (offline)",
+    )
+
+
+def default_target_dtype(device: torch.device) -> str:
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def check_target_config(target: str | Path, contract: Contract) -> None:
+    """The target directory given for the lm_head must be the target the data was captured from."""
+    path = resolve_target_path(target)
+    if path.suffix == ".gguf" or not (path / "config.json").exists():
+        return
+    from transformers import AutoConfig
+
+    actual = config_hash(AutoConfig.from_pretrained(path))
+    if actual != contract.target.config_hash:
+        raise ContractMismatchError(
+            f"--target {target}: config hash {actual[:12]}... differs from the data contract's target "
+            f"({contract.target.name or contract.target.architecture}, {contract.target.config_hash[:12]}...)",
+            fix="pass the target the shards were captured from",
+        )
+
+
+def make_target_side(
+    data: OpenedData,
+    target: str | Path,
+    contract: Contract,
+    draft: Eagle3Draft,
+    *,
+    device: torch.device,
+    target_dtype: str,
+    loaded: LoadedTarget | None = None,
+) -> TargetSide:
+    if data.kind == "online":
+        live = loaded or load_target(target, dtype=target_dtype, device=device)
+        return OnlineTarget(live, contract, draft.draft_to_target)
+    assert data.contract is not None
+    check_target_config(target, data.contract)
+    head = TargetHead.from_pretrained(target, data.contract.final)
+    return OfflineTarget(head, data.contract, draft.draft_to_target, device=device)
+
+
+def run_training(
+    *,
+    target: str,
+    data_dir: Path,
+    out_dir: Path,
+    config: TrainConfig,
+    draft_init: Path | None = None,
+    eval_dir: Path | None = None,
+    resume: bool = False,
+    aux_boundaries: list[int] | None = None,
+    draft_to_target: torch.Tensor | None = None,
+    device: str | None = None,
+    target_dtype: str | None = None,
+    progress: bool = True,
+    ctx: DistContext | None = None,
+) -> TrainResult:
+    """Train a draft from `data_dir` into `out_dir` (see `eaglewire train --help`)."""
+    ctx = ctx or init_distributed(device)
+    dtype = target_dtype or default_target_dtype(ctx.device)
+    data = open_data(data_dir)
+    eval_data = open_data(eval_dir) if eval_dir is not None else None
+    if eval_data is not None and eval_data.kind != data.kind:
+        raise DataFormatError(
+            f"--eval-data {eval_dir} is {eval_data.kind} data but --data {data_dir} is {data.kind}"
+        )
+    loaded: LoadedTarget | None = None
+    latest = find_latest(out_dir) if resume and Path(out_dir).exists() else None
+    if latest is not None:
+        draft, contract = load_draft(latest)  # the loop restores weights and optimizer from it
+    elif draft_init is not None:
+        draft, contract = load_draft(draft_init)
+    else:
+        loaded = load_target(target, dtype=dtype, device=ctx.device)
+        boundaries = aux_boundaries or (list(data.contract.aux_boundaries) if data.contract else None)
+        norm = data.contract.final.norm if data.contract else "pre"
+        contract = build_contract(loaded, boundaries, final_norm=norm)
+        if data.contract is not None:
+            check_data_contract(contract, data.contract)
+        draft = init_draft(loaded, contract, draft_to_target=draft_to_target, seed=config.seed)
+    if data.kind == "offline" and loaded is not None:
+        loaded = None  # offline needs only the head; free the full target
+    side = make_target_side(
+        data, target, contract, draft, device=ctx.device, target_dtype=dtype, loaded=loaded
+    )
+    return train(
+        config,
+        draft,
+        contract,
+        data.records,
+        side,
+        out_dir=Path(out_dir),
+        eval_data=eval_data.records if eval_data is not None else None,
+        resume=resume,
+        progress=progress and ctx.is_main,
+        ctx=ctx,
+    )
+
+
+def run_eval(
+    *,
+    draft_dir: Path,
+    target: str,
+    data_dir: Path,
+    num_steps: int,
+    batch_size: int = 1,
+    max_length: int = 2048,
+    max_records: int = 0,
+    device: str | None = None,
+    target_dtype: str | None = None,
+) -> EvalResult:
+    """Offline evaluation of a saved draft on a tokenized dataset or a shard directory."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    draft, contract = load_draft(draft_dir, device=dev)
+    data = open_data(data_dir)
+    side = make_target_side(
+        data, target, contract, draft, device=dev, target_dtype=target_dtype or default_target_dtype(dev)
+    )
+    return evaluate_draft(
+        draft,
+        contract,
+        side,
+        data.records,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_records=max_records,
+        device=dev,
+    )

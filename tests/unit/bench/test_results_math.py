@@ -1,0 +1,85 @@
+"""Aggregation, speedups and greedy comparison on hand-made numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglewire.bench.report import BenchReport, markdown_table
+from eaglewire.bench.results import (
+    MethodResult,
+    PromptRun,
+    compare_outputs,
+    fill_comparisons,
+    first_difference,
+)
+
+
+def run(pid: str, tokens: list[int], seconds: float, **kw) -> PromptRun:  # type: ignore[no-untyped-def]
+    return PromptRun(pid, prompt_tokens=5, token_ids=tokens, seconds=seconds, all_seconds=[seconds], **kw)
+
+
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_aggregates_weight_by_verifications() -> None:
+    phases = {"prefill": 0.1, "draft": 0.2, "verify": 0.5, "accept": 0.1}
+    a = run(
+        "a",
+        [1] * 30,
+        1.0,
+        tau=3.0,
+        num_verifications=10,
+        per_position_acceptance=[0.9, 0.6],
+        phase_seconds=phases,
+    )
+    b = run(
+        "b",
+        [1] * 10,
+        1.0,
+        tau=1.0,
+        num_verifications=10,
+        per_position_acceptance=[0.1, 0.0],
+        phase_seconds=phases,
+    )
+    m = MethodResult("eagle-chain", available=True, runs=[a, b])
+    assert m.tokens_per_s == pytest.approx(40 / 2.0)
+    assert m.tau == pytest.approx((3.0 * 10 + 1.0 * 10) / 20)
+    assert m.per_position_acceptance == pytest.approx([0.5, 0.3])
+    assert a.host_seconds() == pytest.approx(1.0 - 0.9)
+    ph = m.phase_seconds
+    assert ph["verify"] == pytest.approx(1.0) and ph["host"] == pytest.approx(0.2)
+    frac = m.cycle_fraction  # draft 0.4, verify 1.0, accept 0.2, host 0.2 over 1.8
+    assert frac == pytest.approx(
+        {"draft": 0.4 / 1.8, "verify": 1.0 / 1.8, "accept": 0.2 / 1.8, "host": 0.2 / 1.8}
+    )
+    assert sum(frac.values()) == pytest.approx(1.0)
+
+
+def test_speedups_and_mismatches() -> None:
+    plain = MethodResult("plain", True, runs=[run("a", [1, 2, 3, 4], 2.0), run("b", [5, 6], 2.0)])
+    spec = MethodResult("eagle-tree", True, runs=[run("a", [1, 2, 3, 4], 0.5), run("b", [5, 7], 0.5)])
+    hf = MethodResult("hf-generate", True, runs=[run("a", [1, 2, 3, 4], 20.0), run("b", [5, 6], 40.0)])
+    off = MethodResult("hf-static-compiled", False, reason="needs CUDA")
+    results = {"plain": plain, "eagle-tree": spec, "hf-generate": hf, "hf-static-compiled": off}
+    fill_comparisons(results, "plain")
+    assert spec.speedup_vs_plain == pytest.approx(6.0 / 6.0 * 4.0)  # 6 tok / 1 s vs 6 tok / 4 s
+    assert spec.speedup_vs_hf_generate == pytest.approx(6.0 / (6.0 / 60.0))
+    assert hf.speedup_vs_plain == pytest.approx((6 / 60) / (6 / 4))
+    assert plain.mismatches is None and off.mismatches is None
+    assert hf.mismatches == []
+    assert spec.mismatches is not None and len(spec.mismatches) == 1
+    mm = spec.mismatches[0]
+    assert (mm.prompt_id, mm.position, mm.token, mm.reference_token) == ("b", 1, 7, 6)
+    assert compare_outputs(plain.runs, plain.runs) == []
+    table = markdown_table(results, "plain")
+    assert "| eagle-tree |" in table and "NO (1/2 prompts differ)" in table
+    assert "not available: needs CUDA" in table
+    report = BenchReport(meta={"prompts": "x"}, results=results, reference="plain")
+    assert report.mismatch_count() == 1
+    data = report.to_json()
+    assert set(data["methods"]) == set(results)
+    assert data["methods"]["eagle-tree"]["greedy_mismatches"][0]["position"] == 1
+    assert "differs from `plain` on b at generated token 1" in report.markdown()

@@ -1,0 +1,87 @@
+"""The sweep grid's validity rules, and a tiny sweep writing best_setting.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eaglewire.bench.prediction import SummaryPredictor
+from eaglewire.bench.sweep import (
+    BEST_SETTING_FILE,
+    SweepConfig,
+    run_sweep,
+    sweep_settings,
+    write_best_setting,
+    write_sweep,
+)
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import ConfigError
+
+
+def test_grid_keeps_only_valid_combinations() -> None:
+    valid, skipped = sweep_settings(num_steps=[1, 2, 3], topk=[1, 2], num_draft_tokens=[3, 8, 3])
+    got = [(s.num_steps, s.topk, s.num_draft_tokens) for s in valid]
+    # chains once per num_steps (num_draft_tokens = num_steps + 1, whatever the grid says)
+    assert got == [(1, 1, 2), (1, 2, 3), (2, 1, 3), (2, 2, 3), (3, 1, 4), (3, 2, 8)]
+    reasons = {
+        (s.setting["num_steps"], s.setting["topk"], s.setting["num_draft_tokens"]): s.reason for s in skipped
+    }
+    assert set(reasons) == {(1, 2, 8), (2, 2, 8), (3, 2, 3)}
+    assert "scores only" in reasons[(1, 2, 8)]  # SGLang would fail at torch.topk: 7 > 2 + 0 * 4
+    assert "never verified" in reasons[(3, 2, 3)]  # depth 3 drafted, only 2 tokens kept
+    with pytest.raises(ConfigError, match="positive integers"):
+        SweepConfig(topk=())
+
+
+def test_tiny_sweep_writes_best_setting(tiny_target, draft_dir, two_prompts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = SweepConfig(num_steps=(1, 2), topk=(1, 2), num_draft_tokens=(3,), batch_sizes=(1, 2),
+                      max_new_tokens=6, warmup=0, repeats=1)  # fmt: skip
+    result = run_sweep(tiny_target, draft_dir, two_prompts, cfg, predictor=SummaryPredictor((0.5, 0.2)),
+                       source="test sweep")  # fmt: skip
+    spec_rows = [r for r in result.rows if "topk" in r.setting]
+    assert {(r.setting["num_steps"], r.setting["topk"], r.setting["num_draft_tokens"]) for r in spec_rows} == {
+        (1, 1, 2), (1, 2, 3), (2, 1, 3), (2, 2, 3)
+    }  # fmt: skip
+    assert all(r.greedy_matches_plain for r in spec_rows)  # lossless at every setting
+    assert all(r.tau is not None and r.tau >= 1.0 for r in spec_rows)
+    fastest = max(spec_rows, key=lambda r: r.tokens_per_s or 0.0)
+    assert result.best_per_batch[1] is fastest
+    assert result.best_per_batch[2].setting == {"method": "plain", "batch_size": 2}
+
+    # a copy of the draft dir, so the shared fixture stays without best_setting.json
+    draft_copy = tmp_path / "draft"
+    draft_copy.mkdir()
+    for f in Path(draft_dir).iterdir():
+        (draft_copy / f.name).write_bytes(f.read_bytes())
+    path = write_best_setting(result, draft_copy)
+    assert path == draft_copy / BEST_SETTING_FILE
+    best = json.loads(path.read_text())
+    assert set(best) == {
+        "num_steps",
+        "topk",
+        "num_draft_tokens",
+        "batch_size",
+        "tokens_per_s",
+        "tau",
+        "source",
+    }
+    assert best["batch_size"] == 1 and best["source"] == "test sweep"
+    assert (best["num_steps"], best["topk"], best["num_draft_tokens"]) == tuple(
+        fastest.setting[k] for k in ("num_steps", "topk", "num_draft_tokens")
+    )
+    assert best["tokens_per_s"] == fastest.tokens_per_s and best["tau"] == fastest.tau
+    SpecArgs(num_steps=best["num_steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+
+    preds = {(p.setting["num_steps"], p.setting["topk"]): p for p in result.predictions}
+    assert preds[(2, 1)].predicted_tau == pytest.approx(1.6) and preds[(2, 1)].error is not None
+    assert preds[(2, 2)].predicted_tau is None  # trees need ranks; the note says so
+
+    out = tmp_path / "out"
+    written = {p.name for p in write_sweep(result, out)}
+    assert written == {"sweep.json", "sweep.md", "sweep.png", "prediction.png"}
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["best_setting"] == best and data["prediction_summary"]["settings_compared"] == 2
+    md = (out / "sweep.md").read_text()
+    assert "Fastest per batch size" in md and "- batch 2: method=plain" in md

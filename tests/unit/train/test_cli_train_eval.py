@@ -1,0 +1,173 @@
+"""`eaglewire train` / `eaglewire eval` on real on-disk data (a saved tiny target, shards, a tokenized set)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from eaglewire.cli import app
+from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.shards import ShardDataset, ShardWriter
+from eaglewire.errors import ContractMismatchError
+from eaglewire.target.identity import build_contract, tokenizer_hash
+from eaglewire.target.loading import load_target
+from eaglewire.train.batches import record_lengths
+from tests.helpers.tiny import save_tiny_target
+from tests.unit.train.conftest import capture_records
+
+COMMON = [
+    "--epochs",
+    "3",
+    "--ttt-steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--max-length",
+    "64",
+    "--no-progress",
+    "--json",
+]
+
+
+@pytest.fixture(scope="module")
+def disk(tiny_target, token_records, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    save_tiny_target(tiny_target, root / "target")
+    target = load_target(root / "target", dtype="float32")
+    contract = build_contract(target)
+    meta = {"split": "train", "tokenizer_hash": tokenizer_hash(target.tokenizer)}
+    TokenizedDataset.from_records(token_records, meta=meta).save(root / "tokens")
+    writer = ShardWriter(root / "shards", contract, plan={"test": 1}, total_records=len(token_records))
+    writer.write(0, 0, capture_records(target, contract, token_records))
+    writer.finish()
+    return root
+
+
+def run(args):
+    result = CliRunner().invoke(app, args, catch_exceptions=True)
+    return result
+
+
+def test_train_offline_then_eval(disk, tmp_path):
+    res = run(
+        [
+            "train",
+            "--target",
+            str(disk / "target"),
+            "--data",
+            str(disk / "shards"),
+            "--out",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "3",
+            "--checkpoint-every",
+            "2",
+            *COMMON,
+        ]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    report = json.loads(res.stdout[res.stdout.index("{") :])
+    assert report["optimizer_steps"] == 3 and len(report["train"]["acc"]) == 2
+    assert (tmp_path / "run" / "draft" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "run" / "latest.json").read_text())["optimizer_step"] == 3
+    # resuming a finished run reads its stored config and does no further step
+    res = run(
+        [
+            "train",
+            "--target",
+            str(disk / "target"),
+            "--data",
+            str(disk / "shards"),
+            "--out",
+            str(tmp_path / "run"),
+            "--resume",
+            "--no-progress",
+            "--json",
+        ]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads(res.stdout[res.stdout.index("{") :])["optimizer_steps"] == 3
+
+    res = run(
+        [
+            "eval",
+            "--draft",
+            str(tmp_path / "run" / "draft"),
+            "--target",
+            str(disk / "target"),
+            "--data",
+            str(disk / "shards"),
+            "--num-steps",
+            "2",
+            "--tree",
+            "2x2",
+            "--json",
+            "--max-records",
+            "6",
+        ]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    ev = json.loads(res.stdout[res.stdout.index("{") :])
+    assert ev["records"] == 6 and len(ev["acc"]) == 2
+    assert set(ev["tau_pred_chain"]) == {"1", "2"}
+    assert 1.0 <= ev["tau_pred_chain"]["1"] <= ev["tau_pred_chain"]["2"] <= ev["tau_pred_tree"] <= 3.0
+
+
+def test_train_online_from_a_tokenized_dataset(disk, tmp_path):
+    res = run(
+        [
+            "train",
+            "--target",
+            str(disk / "target"),
+            "--data",
+            str(disk / "tokens"),
+            "--out",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "2",
+            *COMMON,
+        ]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads(res.stdout[res.stdout.index("{") :])["optimizer_steps"] == 2
+
+
+def test_shard_lengths_are_read_from_offsets(disk, token_records):
+    assert record_lengths(ShardDataset(disk / "shards")) == [len(r.input_ids) for r in token_records]
+
+
+def test_draft_for_another_wiring_is_refused(disk, tmp_path):
+    res = run(
+        [
+            "draft",
+            "init",
+            "--target",
+            str(disk / "target"),
+            "--out",
+            str(tmp_path / "d"),
+            "--aux-boundaries",
+            "1,4,5",
+        ]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    res = run(
+        [
+            "train",
+            "--target",
+            str(disk / "target"),
+            "--data",
+            str(disk / "shards"),
+            "--out",
+            str(tmp_path / "run"),
+            "--draft-init",
+            str(tmp_path / "d"),
+            "--max-steps",
+            "1",
+            *COMMON,
+        ]
+    )
+    assert isinstance(res.exception, ContractMismatchError)
+    assert "aux_boundaries: draft=[1, 4, 5] data=[2, 4, 5]" in str(res.exception)
+    assert not (tmp_path / "run").exists()

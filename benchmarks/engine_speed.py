@@ -40,23 +40,47 @@ HBM_BYTES_PER_S = 4.3e12  # the issue's H200 figure (a device-to-device copy mea
 
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        rms_norm_eps=1e-5,
     ),
     "llama-3.1-8b": dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=131072,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
         rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
         },
         rms_norm_eps=1e-5,
     ),
     "tiny": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-5,
     ),
 }
 
@@ -128,7 +152,9 @@ def verify_costs(
         ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
         pos = (T + torch.arange(k, device=dev))[None]
         tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
-        out[str(k)] = time_ms(lambda ids=ids, pos=pos, tree=tree: runner.forward(ids, pos, tree), dev, iters, repeats)
+        out[str(k)] = time_ms(
+            lambda ids=ids, pos=pos, tree=tree: runner.forward(ids, pos, tree), dev, iters, repeats
+        )
     return out
 
 
@@ -212,11 +238,20 @@ def parity(
     got = out.logits[0, -1]
     rel = float((got - ref).norm() / ref.norm())
     res = generate_plain_with_stats(runner, [prompt[0].tolist()], steps, eos_token_ids=())
-    hf = target.model.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0)
+    hf = target.model.generate(
+        prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0
+    )
     hf_tokens = hf[0, T:].tolist()
     ours = res.tokens[0]
-    agree = next((i for i, (a, b) in enumerate(zip(ours, hf_tokens, strict=False)) if a != b), min(len(ours), len(hf_tokens)))
-    out_d: dict[str, Any] = {"prefill_logits_rel_err": rel, "greedy_tokens_equal_prefix": agree, "greedy_steps": steps}
+    agree = next(
+        (i for i, (a, b) in enumerate(zip(ours, hf_tokens, strict=False)) if a != b),
+        min(len(ours), len(hf_tokens)),
+    )
+    out_d: dict[str, Any] = {
+        "prefill_logits_rel_err": rel,
+        "greedy_tokens_equal_prefix": agree,
+        "greedy_steps": steps,
+    }
     if ref32 is not None:
         out_d["ours_vs_fp32_rel_err"] = float((got - ref32).norm() / ref32.norm())
         out_d["hf_bf16_vs_fp32_rel_err"] = float((ref - ref32).norm() / ref32.norm())
@@ -228,6 +263,7 @@ def dev_is_cuda(device: torch.device) -> bool:
 
 
 CHOICE_KEYS = {
+    "sdpa": "sdpa_backend",
     "mm_rows": "reduction_matmul_max_rows",
     "mm_bytes": "reduction_matmul_max_bytes",
     "attn_rows": "reduction_attention_max_rows",
@@ -249,7 +285,9 @@ def parse_variants(text: str) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float) -> dict[str, Any]:
+def bench_model(
+    name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, deadline: float
+) -> dict[str, Any]:
     res: dict[str, Any] = {"shape": SHAPES[name]}
     t0 = time.perf_counter()
     target = build_target(name, device, dtype)
@@ -257,7 +295,10 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype
     L = target.num_layers
     t0 = time.perf_counter()
     runner = FastTargetRunner(
-        target, default_boundaries(L), max_batch_size=1, max_seq_len=args.max_seq_len,
+        target,
+        default_boundaries(L),
+        max_batch_size=1,
+        max_seq_len=args.max_seq_len,
         compile=args.compile if args.compile is not None else None,
     )
     res["weight_bytes_read_per_token"] = weight_bytes(runner.weights)
@@ -292,8 +333,11 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype
             try:
                 res[f"profile_k{k}"] = kernel_profile(runner, prompt, k)
                 prof = res[f"profile_k{k}"]
-                print(f"[{name}] k={k}: {prof['kernels_per_forward']:.0f} kernels, "
-                      f"{prof['kernel_us_per_forward']:.0f} us kernel time; {prof['by_category']}", flush=True)
+                print(
+                    f"[{name}] k={k}: {prof['kernels_per_forward']:.0f} kernels, "
+                    f"{prof['kernel_us_per_forward']:.0f} us kernel time; {prof['by_category']}",
+                    flush=True,
+                )
             except Exception as err:  # noqa: BLE001 - profiling is best effort
                 res[f"profile_k{k}"] = {"error": f"{type(err).__name__}: {err}"}
     if time.perf_counter() < deadline and args.hf_tokens > 0:
@@ -322,17 +366,28 @@ def bench_variants(
             continue
         t1 = time.perf_counter()
         choices = {CHOICE_KEYS[k]: v for k, v in settings.items() if k in CHOICE_KEYS}
-        opts = {k: bool(v) if v in (0, 1) else v for k, v in settings.items() if k not in CHOICE_KEYS and k != "cudnn_sdp"}
+        opts = {
+            k: bool(v) if v in (0, 1) else v
+            for k, v in settings.items()
+            if k not in CHOICE_KEYS and k != "cudnn_sdp"
+        }
         cudnn = settings.get("cudnn_sdp")
         if cudnn is not None and device.type == "cuda":
             torch.backends.cuda.enable_cudnn_sdp(bool(cudnn))
         try:
             alt = FastTargetRunner(
-                target, default_boundaries(L), max_batch_size=1, max_seq_len=args.max_seq_len,
-                compile_options=opts, kernel_choices=KernelChoices(**{**KernelChoices().__dict__, **choices}),
+                target,
+                default_boundaries(L),
+                max_batch_size=1,
+                max_seq_len=args.max_seq_len,
+                compile_options=opts,
+                kernel_choices=KernelChoices(**{**KernelChoices().__dict__, **choices}),
                 compile=args.compile,
             )
-            res[label] = {"settings": settings, "forward_ms": verify_costs(alt, prompt, args.variant_ks, args.iters, args.repeats)}
+            res[label] = {
+                "settings": settings,
+                "forward_ms": verify_costs(alt, prompt, args.variant_ks, args.iters, args.repeats),
+            }
             fm = res[label]["forward_ms"]
             res[label]["verify_over_decode"] = {k: v / fm["1"] for k, v in fm.items()}
             res[label]["compile_s"] = time.perf_counter() - t1
@@ -380,7 +435,10 @@ def main() -> int:
     ap.add_argument("--hf-tokens", type=int, default=16)
     ap.add_argument("--parity-steps", type=int, default=32)
     ap.add_argument("--skip-parity", action="store_true")
-    ap.add_argument("--fp32-ref", action="store_true", help="also compare logits with a float32 copy of the model")
+    ap.add_argument("--skip-main", action="store_true", help="run only --variants")
+    ap.add_argument(
+        "--fp32-ref", action="store_true", help="also compare logits with a float32 copy of the model"
+    )
     ap.add_argument("--compile", type=lambda s: s == "1", default=None, help="1/0 (default: on CUDA)")
     ap.add_argument("--variants", type=parse_variants, default=[], help="model/label=key:val+key:val,...")
     ap.add_argument("--variant-ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
@@ -400,7 +458,9 @@ def main() -> int:
         "meta": {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else platform.processor() or "cpu",
             "torch": torch.__version__,
             "dtype": str(dtype),
             "prompt_len": args.prompt_len,
@@ -409,7 +469,7 @@ def main() -> int:
     }
     bw = copy_bandwidth(device)
     results["meta"]["copy_bandwidth_bytes_per_s"] = bw
-    for name in models:
+    for name in [] if args.skip_main else models:
         if time.perf_counter() > deadline:
             results[name] = {"skipped": "time budget"}
             continue
@@ -422,8 +482,11 @@ def main() -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
     for name in dict.fromkeys(model for model, _, _ in args.variants):
-        if name in results and time.perf_counter() < deadline:
+        if (args.skip_main or name in results) and time.perf_counter() < deadline:
             results[f"variants_{name}"] = bench_variants(name, args, device, dtype, deadline)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=2) + "\n")
     results["meta"]["total_s"] = time.perf_counter() - start
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

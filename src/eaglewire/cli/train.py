@@ -127,7 +127,10 @@ def train_command(
     if json_out:
         print_json(report)
         return
-    rows = [["optimizer steps", result.optimizer_steps], ["tokens/s (train)", f"{result.tokens_per_s:,.0f}"]]
+    rows: list[list[Any]] = [
+        ["optimizer steps", result.optimizer_steps],
+        ["tokens/s (train)", f"{result.tokens_per_s:,.0f}"],
+    ]
     for name, summary in (("train (last step)", result.train), ("eval", result.eval)):
         if summary:
             rows.append([f"{name} loss", f"{summary['loss']:.4f}"])

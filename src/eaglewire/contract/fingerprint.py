@@ -22,9 +22,11 @@ NormSide = Literal["pre", "post"]
 
 LEADING_TOKENS = 4
 LEADING_CHANNELS = 8
-# Relative distance under which two fingerprints are "the same tensor". bf16 captures from two
-# devices (or two kernels) differ by ~1e-2; adjacent boundaries differ by far more.
-TOLERANCE = {"float32": 2e-3, "float64": 1e-6, "bfloat16": 4e-2, "float16": 2e-2}
+# Median per-token relative distance under which two fingerprints are "the same state", by the
+# dtype of the runs compared (the looser of the two applies). Measured on SmolLM2-135M: adjacent
+# boundaries >= 0.027 apart, float32-vs-bfloat16 noise <= 0.004.
+TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 1e-2, "bfloat16": 1.5e-2}
+EPS = 1e-6
 # The probe: fixed text, tokenized with the target's own tokenizer; ids are stored with the fingerprint.
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 1, 2, 3: def f(x): return x * 2"
 
@@ -75,13 +77,29 @@ def fingerprint_tensor(name: str, key: StateKey, x: torch.Tensor) -> TensorFinge
     return TensorFingerprint(name=name, boundary=key.boundary, norm=key.norm, token_norms=norms, leading=lead)
 
 
-def distance(a: TensorFingerprint, norms: Sequence[float], lead: Sequence[float]) -> float:
-    """Relative L2 distance between a stored fingerprint and recomputed summaries."""
-    ref = torch.tensor([*a.token_norms, *a.leading], dtype=torch.float64)
-    got = torch.tensor([*norms, *lead], dtype=torch.float64)
-    if ref.shape != got.shape:
+def distance(stored: TensorFingerprint, norms: Sequence[float], lead: Sequence[float]) -> float:
+    """Median over tokens of the relative differences of per-token norms and leading-channel rows.
+
+    Per token, then the median, so each token gets one vote: real targets carry "massive
+    activations" on a few tokens (SmolLM2's first token has a residual norm ~25,000 against ~160),
+    and a plain L2 over all tokens is dominated by that one token, whose vector barely changes
+    between layers (adjacent SmolLM2 boundaries come out ~1% apart that way, below bf16 noise).
+    """
+    got_norms = torch.tensor(norms, dtype=torch.float64)
+    ref_norms = torch.tensor(stored.token_norms, dtype=torch.float64)
+    if got_norms.shape != ref_norms.shape or len(lead) != len(stored.leading):
         return float("inf")
-    return float((got - ref).norm() / ref.norm().clamp_min(1e-12))
+    rel_norms = (got_norms - ref_norms).abs() / ref_norms.clamp_min(EPS)  # [T]
+    got_lead = torch.tensor(lead, dtype=torch.float64).view(-1, LEADING_CHANNELS)
+    ref_lead = torch.tensor(stored.leading, dtype=torch.float64).view(-1, LEADING_CHANNELS)
+    rel_lead = (got_lead - ref_lead).norm(dim=-1) / ref_lead.norm(dim=-1).clamp_min(EPS)  # [LEADING_TOKENS]
+    return float(torch.cat([rel_norms, rel_lead]).median())
+
+
+def tolerance_for(*dtypes: str) -> float:
+    """The looser tolerance of the dtypes of the runs being compared."""
+    loosest = max(TOLERANCE.values())
+    return max(TOLERANCE.get(d, loosest) for d in dtypes)
 
 
 @dataclass(frozen=True)
@@ -111,9 +129,13 @@ class FingerprintMatch:
         )
 
 
-def match_fingerprint(fp: Fingerprint, states: Mapping[StateKey, torch.Tensor]) -> list[FingerprintMatch]:
-    """For each stored tensor, find which recomputed state (`states`: key -> [T, Ht]) it matches."""
-    tol = TOLERANCE.get(fp.dtype, TOLERANCE["bfloat16"])
+def match_fingerprint(
+    fp: Fingerprint, states: Mapping[StateKey, torch.Tensor], *, live_dtype: str | None = None
+) -> list[FingerprintMatch]:
+    """For each stored tensor, find which recomputed state (`states`: key -> [T, Ht]) it matches.
+
+    live_dtype: dtype the states were recomputed in (the tolerance is the looser of it and fp.dtype)."""
+    tol = tolerance_for(fp.dtype, live_dtype or fp.dtype)
     summaries = {k: summarize(v) for k, v in states.items()}
     out = []
     for t in fp.tensors:

@@ -17,18 +17,18 @@ from dataclasses import dataclass
 import torch
 
 from eaglewire.contract.contract import Contract
-from eaglewire.contract.fingerprint import TOLERANCE, StateKey
+from eaglewire.contract.fingerprint import StateKey
 from eaglewire.data.types import CapturedRecord
 from eaglewire.doctor.diagnosis import diagnose_aux, engine_ids_hint, key_text
 from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
-from eaglewire.doctor.matching import state_distance
+from eaglewire.doctor.matching import STATE_TOLERANCE, state_distance
 from eaglewire.target.capture import capture_all
 from eaglewire.target.loading import LoadedTarget, dtype_name
 
 log = logging.getLogger(__name__)
 
 CHECK = "data vs target"
-LOOSEST_TOLERANCE = max(TOLERANCE.values())
+LOOSEST_TOLERANCE = max(STATE_TOLERANCE.values())
 DTYPE_NAMES = {
     torch.float32: "float32",
     torch.bfloat16: "bfloat16",
@@ -68,7 +68,7 @@ class DataWiring:
 
 
 def _tolerance(*dtypes: str) -> float:
-    return max(TOLERANCE.get(d, LOOSEST_TOLERANCE) for d in dtypes)
+    return max(STATE_TOLERANCE.get(d, LOOSEST_TOLERANCE) for d in dtypes)
 
 
 def _columns(record: CapturedRecord, ht: int, n_tokens: int) -> dict[str, torch.Tensor]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 
 from eaglewire.contract.contract import Contract, contract_diff
+from eaglewire.contract.fingerprint import TOLERANCE, match_fingerprint
 from eaglewire.doctor.diagnosis import key_text
 from eaglewire.doctor.draft_source import DraftSource
 from eaglewire.doctor.findings import CheckResult, Finding, Row
-from eaglewire.doctor.matching import FINGERPRINT_TOLERANCE, match_fingerprint_robust
 from eaglewire.target.identity import states_on_probe, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name
 from eaglewire.typed_config import to_dict
@@ -74,21 +74,17 @@ def check_fingerprint_values(
 ) -> None:
     """The contract's fingerprint recomputed on the live target: each tensor must be its declared state.
 
-    Matched with `matching.match_fingerprint_robust` (per-token median), which separates adjacent
-    mid-stack boundaries of real models across dtypes where a plain L2 over all tokens does not.
+    Matched per token and medianed (see `eaglewire.contract.fingerprint.distance`), which separates
+    adjacent mid-stack boundaries of real models across dtypes where a plain L2 over all tokens does not.
     """
     fp = contract.fingerprint
     if fp is None:
         result.notes.append(f"{who} contract has no fingerprint: boundaries not proven by values")
         return
     L = target.num_layers
-    loosest = max(FINGERPRINT_TOLERANCE.values())
-    tol = max(
-        FINGERPRINT_TOLERANCE.get(fp.dtype, loosest),
-        FINGERPRINT_TOLERANCE.get(dtype_name(target.dtype), loosest),
-    )
-    for m in match_fingerprint_robust(fp, states_on_probe(target, fp.probe_ids)):
-        ok = m.best == m.declared and m.declared_distance <= tol
+    loosest = max(TOLERANCE.values())
+    for m in match_fingerprint(fp, states_on_probe(target, fp.probe_ids), live_dtype=dtype_name(target.dtype)):
+        ok = m.ok
         actual = m.best if m.best_distance <= loosest else None
         result.rows.append(
             Row(
@@ -110,7 +106,7 @@ def check_fingerprint_values(
                     fix="use the target the contract was built on; if it is that target, the contract was built "
                     "from mislabelled states: rebuild it from the data's actual boundaries (see data vs target)",
                     details=(
-                        f"distance to declared {m.declared_distance:.1e}, to best {m.best_distance:.1e}, tolerance {tol:.0e}",
+                        f"distance to declared {m.declared_distance:.1e}, to best {m.best_distance:.1e}, tolerance {m.tolerance:.0e}",
                     ),
                 )
             )

@@ -226,7 +226,11 @@ def generate_plain_with_stats(
     new = sum(len(r) for r in results)
     log.info(
         "plain decoding: %d prompts, %d new tokens, prefill %.3fs, decode %.3fs (%.1f tok/s)",
-        len(prompts), new, prefill_s, decode_s, new / max(prefill_s + decode_s, 1e-9),
+        len(prompts),
+        new,
+        prefill_s,
+        decode_s,
+        new / max(prefill_s + decode_s, 1e-9),
     )
     return PlainResult(results, sum(len(p) for p in prompts), new, prefill_s, decode_s, forwards)
 
@@ -244,6 +248,12 @@ def generate_plain(
 ) -> list[list[int]]:
     """As generate_plain_with_stats, returning the generated token ids per prompt only."""
     return generate_plain_with_stats(
-        runner_or_target, prompts, max_new_tokens, temperature, top_p, seed, eos_token_ids,
+        runner_or_target,
+        prompts,
+        max_new_tokens,
+        temperature,
+        top_p,
+        seed,
+        eos_token_ids,
         max_batch_size=max_batch_size,
     ).tokens

@@ -110,7 +110,7 @@ def check_fingerprint(contract: Contract, target: LoadedTarget, *, raise_on_mism
     if contract.fingerprint is None:
         raise FingerprintMismatchError("contract has no fingerprint to check", fix="rebuild it with fingerprint=True")
     states = states_on_probe(target, contract.fingerprint.probe_ids)
-    matches = match_fingerprint(contract.fingerprint, states)
+    matches = match_fingerprint(contract.fingerprint, states, live_dtype=dtype_name(target.dtype))
     bad = [m for m in matches if not m.ok]
     if bad and raise_on_mismatch:
         raise FingerprintMismatchError(

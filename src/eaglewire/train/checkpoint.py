@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ from safetensors.torch import load_file, save_file
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.io import WEIGHTS_FILE, check_draft_matches_contract
-from eaglewire.errors import CheckpointError
+from eaglewire.errors import CheckpointError, ConfigError
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.train.config import RESUME_MUTABLE, TrainConfig, config_diff
 from eaglewire.typed_config import read_json_file
 
 log = logging.getLogger(__name__)
@@ -216,3 +218,40 @@ def load_checkpoint(path: Path) -> Checkpoint:
         trainer_state=trainer_state,
         rng_tensors=load_file(str(path / RNG_FILE)),
     )
+
+
+def start_or_resume(
+    out_dir: Path, config: TrainConfig, *, resume: bool, is_main: bool, barrier: Callable[[], None]
+) -> Checkpoint | None:
+    """A new run writes train_config.json (refusing a directory that already holds a run); a resumed
+    run loads its latest checkpoint after checking the config is the run's own. Fields that do not
+    change what is computed (RESUME_MUTABLE: logging, eval and checkpoint cadence) may change on
+    resume; they are written back to train_config.json."""
+    out_dir = Path(out_dir)
+    latest = find_latest(out_dir) if out_dir.exists() else None
+    if not resume:
+        if latest is not None:
+            raise ConfigError(
+                f"{out_dir} already holds a training run (latest: {latest})",
+                fix="pass --resume to continue it, or choose another --out",
+            )
+        if is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            config.save(out_dir)
+        barrier()
+        return None
+    if latest is None:
+        raise CheckpointError(
+            f"--resume: {out_dir} has no checkpoint (latest.json)", fix="drop --resume to start a new run"
+        )
+    stored = TrainConfig.load(out_dir)
+    diffs = config_diff(stored, config, names=("stored", "given"), ignore=RESUME_MUTABLE)
+    if diffs:
+        raise ConfigError(
+            "--resume: the training config differs from the run's:\n  " + "\n  ".join(diffs),
+            fix="resume with the run's own settings (train_config.json in the run directory)",
+        )
+    if is_main:
+        config.save(out_dir)
+    barrier()
+    return load_checkpoint(latest)

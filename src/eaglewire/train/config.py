@@ -134,10 +134,22 @@ class TrainConfig:
         return from_dict(cls, data, where=where)
 
 
-def config_diff(a: TrainConfig, b: TrainConfig, *, names: tuple[str, str] = ("a", "b")) -> list[str]:
-    """'field: a=.. b=..' for every field that differs."""
+# Fields a resumed run may change: they steer logging, evaluation and checkpoint cadence, not the weights.
+RESUME_MUTABLE = frozenset(
+    {"eval_every", "eval_max_records", "checkpoint_every", "keep_checkpoints", "log_every", "tensorboard"}
+)
+
+
+def config_diff(
+    a: TrainConfig,
+    b: TrainConfig,
+    *,
+    names: tuple[str, str] = ("a", "b"),
+    ignore: frozenset[str] = frozenset(),
+) -> list[str]:
+    """'field: a=.. b=..' for every field that differs (except those in `ignore`)."""
     return [
         f"{f.name}: {names[0]}={getattr(a, f.name)!r} {names[1]}={getattr(b, f.name)!r}"
         for f in fields(TrainConfig)
-        if getattr(a, f.name) != getattr(b, f.name)
+        if f.name not in ignore and getattr(a, f.name) != getattr(b, f.name)
     ]

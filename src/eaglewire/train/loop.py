@@ -28,11 +28,11 @@ from torch.distributed.checkpoint.state_dict import (
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.io import check_draft_matches_contract, save_draft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import CheckpointError, ConfigError, TrainingError
+from eaglewire.errors import ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_groups, record_lengths, split_for_rank
-from eaglewire.train.checkpoint import Checkpoint, find_latest, load_checkpoint, restore_rng, save_checkpoint
-from eaglewire.train.config import TrainConfig, config_diff
+from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
+from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import (
     DistContext,
     all_gather_objects,
@@ -94,7 +94,13 @@ class Trainer:
                 fix="train on a dataset built with --split train; pass this one as eval data",
             )
         target_side.verify(draft_contract)
-        ckpt = self._resume_or_start(resume)
+        ckpt = start_or_resume(
+            self.out_dir, config, resume=resume, is_main=ctx.is_main, barrier=lambda: barrier(ctx)
+        )
+        if ckpt is not None:
+            config = self.cfg = TrainConfig.load(
+                self.out_dir
+            )  # with any resume-mutable field the caller changed
         self.weights = config.step_weights()
         self.lengths = record_lengths(data)
         self.plans = [
@@ -129,33 +135,6 @@ class Trainer:
         self.last_checkpoint_step = self.step if ckpt is not None else -1
 
     # --- setup ---
-    def _resume_or_start(self, resume: bool) -> Checkpoint | None:
-        latest = find_latest(self.out_dir) if self.out_dir.exists() else None
-        if not resume:
-            if latest is not None:
-                raise ConfigError(
-                    f"{self.out_dir} already holds a training run (latest: {latest})",
-                    fix="pass --resume to continue it, or choose another --out",
-                )
-            if self.ctx.is_main:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                self.cfg.save(self.out_dir)
-            barrier(self.ctx)
-            return None
-        if latest is None:
-            raise CheckpointError(
-                f"--resume: {self.out_dir} has no checkpoint (latest.json)",
-                fix="drop --resume to start a new run",
-            )
-        stored = TrainConfig.load(self.out_dir)
-        diffs = config_diff(stored, self.cfg, names=("stored", "given"))
-        if diffs:
-            raise ConfigError(
-                "--resume: the training config differs from the run's:\n  " + "\n  ".join(diffs),
-                fix="resume with the run's own settings (train_config.json in the run directory)",
-            )
-        return load_checkpoint(latest)
-
     def _restore(self, ckpt: Checkpoint) -> None:
         st = ckpt.trainer_state
         rows_per_step = self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size

@@ -98,11 +98,11 @@ def make_target_side(
 ) -> TargetSide:
     if data.kind == "online":
         live = loaded or load_target(target, dtype=target_dtype, device=device)
-        return OnlineTarget(live, contract, draft.draft_to_target)
+        return OnlineTarget(live, contract, draft.get_buffer("draft_to_target"))
     assert data.contract is not None
     check_target_config(target, data.contract)
     head = TargetHead.from_pretrained(target, data.contract.final)
-    return OfflineTarget(head, data.contract, draft.draft_to_target, device=device)
+    return OfflineTarget(head, data.contract, draft.get_buffer("draft_to_target"), device=device)
 
 
 def run_training(

@@ -98,7 +98,7 @@ def test_kill9_then_rerun_gives_the_same_records(tmp_path: Path) -> None:
         "numbers",
         "book",
     ]
-    n = 32
+    n = 20
     src = tmp_path / "in.jsonl"
     src.write_text(
         "".join(

@@ -132,6 +132,24 @@ def test_train_online_from_a_tokenized_dataset(disk, tmp_path):
     )
     assert res.exit_code == 0, (res.output, res.exception)
     assert json.loads(res.stdout[res.stdout.index("{") :])["optimizer_steps"] == 2
+    res = run(
+        [
+            "eval",
+            "--draft",
+            str(tmp_path / "run" / "draft"),
+            "--target",
+            str(disk / "target"),
+            "--data",
+            str(disk / "tokens"),
+            "--num-steps",
+            "2",
+            "--max-records",
+            "3",
+            "--json",
+        ]
+    )
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads(res.stdout[res.stdout.index("{") :])["records"] == 3
 
 
 def test_shard_lengths_are_read_from_offsets(disk, token_records):

@@ -69,6 +69,15 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
     )
     assert res.optimizer_steps == 4
     ref = load_file(str(res.draft_dir / "model.safetensors"))
+    # gradient accumulation: 2 micro-batches of 2 rows == 1 batch of 4 rows
+    accum = CONFIG.__class__(**{**CONFIG.__dict__, "batch_size": 2, "grad_accum_steps": 2})
+    draft = init_draft(target, contract, seed=0)
+    res_acc = train(
+        accum, draft, contract, records, side_for(draft), out_dir=tmp_path / "accum", progress=False
+    )
+    got = load_file(str(res_acc.draft_dir / "model.safetensors"))
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=f"accumulation: {k}")
     init = init_draft(target, contract, seed=0).state_dict()
     for parallel in ("ddp", "fsdp"):
         got = load_file(str(tmp_path / parallel / "draft" / "model.safetensors"))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
-from torch import nn
 
 from eaglewire.contract.fingerprint import StateKey
 from eaglewire.engine.interfaces import TargetForward
@@ -23,7 +23,7 @@ from eaglewire.target.runtime.runner import check_boundaries, eos_ids_of
 
 
 @contextmanager
-def _mla_heads_fixed(modules: list[nn.Module]) -> Iterator[None]:
+def _mla_heads_fixed(modules: list[Any]) -> Iterator[None]:
     """transformers' multi-head latent attention (DeepSeek-V3) expands K/V to all query heads
     itself, yet its mask path repeats them again by `num_key_value_groups` when a config has
     num_key_value_heads < num_attention_heads (a shape error). Groups are 1 for such modules."""
@@ -63,7 +63,9 @@ class GenericTargetRunner:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self._mla = [
-            m for m in self.model.modules() if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
+            m
+            for m in self.model.modules()
+            if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
         ]
         self._ids: list[torch.Tensor] = []
         self._pos: list[torch.Tensor] = []
@@ -97,15 +99,19 @@ class GenericTargetRunner:
     ) -> TargetForward:
         """Same contract as FastTargetRunner.forward (logits_at [B] included)."""
         B, N = input_ids.shape
-        if B != self.batch_size or positions.shape != (B, N):
+        if self.batch_size != B or positions.shape != (B, N):
             raise ConfigError(
-                expected_actual("forward input_ids/positions", f"[B={self.batch_size}, N]", tuple(input_ids.shape))
+                expected_actual(
+                    "forward input_ids/positions", f"[B={self.batch_size}, N]", tuple(input_ids.shape)
+                )
             )
         dev = self.device
         input_ids, positions = input_ids.to(dev), positions.to(dev)
         lens = [len(r) for r in self._ids]
         if max(lens) + N > self.max_seq_len:
-            raise ConfigError(f"sequence full: {max(lens)} + {N} tokens exceed max_seq_len={self.max_seq_len}")
+            raise ConfigError(
+                f"sequence full: {max(lens)} + {N} tokens exceed max_seq_len={self.max_seq_len}"
+            )
         T = max(lens) + N
         full_ids = torch.zeros(B, T, dtype=torch.long, device=dev)
         full_pos = torch.zeros(B, T, dtype=torch.long, device=dev)

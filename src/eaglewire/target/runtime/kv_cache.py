@@ -110,7 +110,7 @@ class StaticKVCache:
         """accepted [B, n] indices into the last forward's `num_new` tokens, in path order;
         num_accepted [B]. Moves those K/V (all layers) to lengths..lengths+n-1; advances lengths."""
         B, n = accepted.shape
-        if B != self.batch_size or num_accepted.shape != (B,):
+        if self.batch_size != B or num_accepted.shape != (B,):
             raise ConfigError(
                 expected_actual(
                     "commit(accepted [B, n], num_accepted [B]) shapes",
@@ -138,7 +138,11 @@ class StaticKVCache:
 
     def _advance(self, num_accepted: torch.Tensor, num_dev: torch.Tensor | None, bound: int) -> None:
         """lengths += num_accepted; the host bound grows exactly (CPU counts) or by `bound`."""
-        if num_accepted.device.type == "cpu" and num_accepted.numel() and bool((num_accepted == num_accepted[0]).all()):
+        if (
+            num_accepted.device.type == "cpu"
+            and num_accepted.numel()
+            and bool((num_accepted == num_accepted[0]).all())
+        ):
             self.lengths.add_(int(num_accepted[0]))  # one scalar add, no host-to-device copy
         else:
             self.lengths.add_(num_dev if num_dev is not None else num_accepted.to(self.device, torch.long))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglewire.nn.rope import apply_rope
 from eaglewire.target.runtime.weights import ModelSpec
@@ -33,22 +34,25 @@ from eaglewire.target.runtime.weights import ModelSpec
 class KernelChoices:
     """How the compiled (decode/verify) forward computes its small pieces. rows = B*N tokens.
 
-    A matrix product with few rows and a small weight is written as a fused multiply-reduce, which
-    torch.compile turns into one Triton kernel that also absorbs its pointwise producer (the
-    RMSNorm scale, SiLU*up); cuBLAS spends a few microseconds per such call regardless of size.
-    Attention for few rows is likewise three fused reductions instead of an SDPA call. Only for
-    compiled code: eagerly these forms would materialise [rows, N, K] products."""
+    Optionally a matrix product with few rows and a small weight is written as a fused
+    multiply-reduce (one Triton kernel that also absorbs its pointwise producer), and attention for
+    few rows as three fused reductions. Measured on an H200 (benchmarks/ENGINE_NOTES.md) both lose
+    to cuBLAS and SDPA, so they are off by default. Only for compiled code: eagerly these forms
+    would materialise [rows, N, K] products."""
 
-    reduction_matmul_max_rows: int = 16
-    reduction_matmul_max_bytes: int = 16 * 2**20
-    reduction_attention_max_rows: int = 1
-
-    @classmethod
-    def off(cls) -> KernelChoices:
-        return cls(reduction_matmul_max_rows=0, reduction_matmul_max_bytes=0, reduction_attention_max_rows=0)
+    reduction_matmul_max_rows: int = 0
+    reduction_matmul_max_bytes: int = 0
+    reduction_attention_max_rows: int = 0
+    sdpa_backend: str | None = None  # "efficient" | "flash" | "cudnn" | "math"; None: PyTorch picks
 
 
-EAGER_KERNELS = KernelChoices.off()
+EAGER_KERNELS = KernelChoices()
+SDPA_BACKENDS = {
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kc: KernelChoices) -> torch.Tensor:
@@ -62,10 +66,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kc: KernelC
     return F.linear(x, w, b)
 
 
-def attention_reduce(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attention_reduce(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """q [B, Hkv, R, hd], keys/values [B, Hkv, S, hd], mask [B, 1, R, S] additive -> [B, Hkv, R, hd]."""
     scale = q.shape[-1] ** -0.5
-    scores = (q.float().unsqueeze(-2) * keys.float().unsqueeze(-3)).sum(-1) * scale + mask.float()  # [B, Hkv, R, S]
+    scores = (q.float().unsqueeze(-2) * keys.float().unsqueeze(-3)).sum(
+        -1
+    ) * scale + mask.float()  # [B, Hkv, R, S]
     probs = torch.softmax(scores, dim=-1)
     return (probs.unsqueeze(-1) * values.float().unsqueeze(-3)).sum(-2).to(q.dtype)
 
@@ -175,11 +183,14 @@ def make_layer_fn(
             S = mask.shape[-1]
             qg = q.reshape(B, Hkv, G * N, hd)  # query heads of one KV head side by side
             keys, values = kv_cache[:B, :Hkv, :S], kv_cache[:B, Hkv:, :S]  # [B, Hkv, S, hd] each
-            if B * N <= kc.reduction_attention_max_rows:
+            if kc.reduction_attention_max_rows >= B * N:
                 attn = attention_reduce(qg, keys, values, mask)
+            elif kc.sdpa_backend is not None:
+                with sdpa_kernel([SDPA_BACKENDS[kc.sdpa_backend]]):
+                    attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
             else:
                 attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
-            attn = attn.view(B, Hq, N, hd)
+            attn = attn.reshape(B, Hq, N, hd)  # backends differ in output layout
         attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
         x2 = x + linear(attn, o_w, o_b, kc)
         gate_up = linear(rms_norm(x2, post_norm, eps), gate_up_w, gate_up_b, kc)  # [B, N, 2I]

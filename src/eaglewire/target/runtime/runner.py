@@ -8,7 +8,9 @@ its own tokens only. On CPU everything runs eagerly: that is the path the parity
 
 from __future__ import annotations
 
+import itertools
 import logging
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +26,7 @@ from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_lay
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
 log = logging.getLogger(__name__)
+_CODE_IDS = itertools.count()
 
 
 def eos_ids_of(config: Any) -> tuple[int, ...]:
@@ -67,6 +70,16 @@ def _mark_dynamic(B: int, N: int, **tensors: torch.Tensor | None) -> None:
         for axis, dim in _DYNAMIC_DIMS[name]:
             if axis == "S" or (axis == "B" and B > 1) or (axis == "N" and N > 1):
                 torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
+def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of `fn` with its own code object. torch.compile keeps compiled entries per code
+    object, and every runner's closures share one, so several runners in a process (or several
+    kernel choices) would pile up guards and hit the recompile limit; a private copy isolates them."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_CODE_IDS)}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
 
 
 class FastTargetRunner:
@@ -120,14 +133,21 @@ class FastTargetRunner:
         self.compiled = on_cuda if compile is None else compile
         self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         if self.use_graphs and not on_cuda:
-            raise ConfigError("FastTargetRunner: cuda_graphs=True needs a CUDA target", fix="cuda_graphs=None")
+            raise ConfigError(
+                "FastTargetRunner: cuda_graphs=True needs a CUDA target", fix="cuda_graphs=None"
+            )
         self._eager: tuple[Callable[..., Any], ...] = (make_layer_fn(spec), make_head_fn(spec), prepare)
+        self._compiled: tuple[Callable[..., Any], ...]
         self.kernel_choices = kernel_choices or KernelChoices()
         self._compiled = self._eager
         if self.compiled:
             opts = dict(compile_options or {})
-            fns = (make_layer_fn(spec, self.kernel_choices), make_head_fn(spec), prepare)
-            self._compiled = tuple(torch.compile(fn, fullgraph=True, options=opts) for fn in fns)
+            fns: tuple[Callable[..., Any], ...] = (
+                make_layer_fn(spec, self.kernel_choices),
+                make_head_fn(spec),
+                prepare,
+            )
+            self._compiled = tuple(torch.compile(_own_code(fn), fullgraph=True, options=opts) for fn in fns)
         self._kv_positions = torch.arange(self.cache.capacity, device=self.device)
         self._rows = torch.arange(max_batch_size, device=self.device)[:, None]
         self._graphs = GraphCache(self.device) if self.use_graphs else None
@@ -181,7 +201,7 @@ class FastTargetRunner:
             # a new bucket: tighten the host's bound once (one sync) so buckets stay small
             window = kv_bucket(self.cache.sync_lengths() + N, self.cache.capacity)
         self._last_window = window
-        if self._graphs is None or N > self.graph_max_new_tokens:
+        if self._graphs is None or self.graph_max_new_tokens < N:
             logits, aux = self._run(
                 input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
             )
@@ -213,14 +233,18 @@ class FastTargetRunner:
     ) -> tuple[int, int]:
         if input_ids.dim() != 2 or input_ids.shape[0] != self.cache.batch_size:
             raise ConfigError(
-                expected_actual("forward input_ids", f"[B={self.cache.batch_size}, N]", tuple(input_ids.shape)),
+                expected_actual(
+                    "forward input_ids", f"[B={self.cache.batch_size}, N]", tuple(input_ids.shape)
+                ),
                 fix="call reset(batch_size) with the batch size you forward",
             )
         B, N = input_ids.shape
         if positions.shape != (B, N):
             raise ConfigError(expected_actual("forward positions", f"[{B}, {N}]", tuple(positions.shape)))
         if tree_mask is not None and tree_mask.shape != (B, N, N):
-            raise ConfigError(expected_actual("forward tree_mask", f"[{B}, {N}, {N}]", tuple(tree_mask.shape)))
+            raise ConfigError(
+                expected_actual("forward tree_mask", f"[{B}, {N}, {N}]", tuple(tree_mask.shape))
+            )
         if logits_at is not None and logits_at.shape != (B,):
             raise ConfigError(expected_actual("forward logits_at", f"[{B}]", tuple(logits_at.shape)))
         return B, N
@@ -246,14 +270,21 @@ class FastTargetRunner:
         B, N = input_ids.shape
         # compiled code serves the bounded-window forwards (decode, verification); prefill and
         # wide chunks run eagerly (compute-bound; not worth a compile per shape)
-        compiled = kv_positions is not None and N <= self.graph_max_new_tokens
+        compiled = kv_positions is not None and self.graph_max_new_tokens >= N
         layer_fn, head_fn, prepare_fn = self._compiled if compiled else self._eager
         h = F.embedding(input_ids, w.embed)  # [B, N, Ht]
         delta = torch.zeros_like(h)
         if compiled and self.compiled:
             _mark_dynamic(B, N, positions=positions, lengths=lengths, tree=tree_mask, slots_s=kv_positions)
         cos, sin, slots, mask = prepare_fn(
-            positions, lengths, tree_mask, kv_positions, w.rope_inv_freq, w.rope_scaling, self.spec.group_size, self.dtype
+            positions,
+            lengths,
+            tree_mask,
+            kv_positions,
+            w.rope_inv_freq,
+            w.rope_scaling,
+            self.spec.group_size,
+            self.dtype,
         )
         rows = self._rows[:B].expand(B, N)
         if compiled and self.compiled:

@@ -126,7 +126,7 @@ def check_fast_supported(config: Any, max_seq_len: int) -> None:
 @torch.no_grad()
 def extract_weights(model: nn.Module, dtype: torch.dtype | None = None) -> TargetWeights:
     """Pull a Llama-family HF model's tensors into TargetWeights (optionally cast to `dtype`)."""
-    config = model.config
+    config: Any = model.config
     parts = target_parts(model)
     num_heads = int(config.num_attention_heads)
     num_kv = int(_cfg(config, "num_key_value_heads") or num_heads)
@@ -145,13 +145,14 @@ def extract_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Targe
         qk_norm=qk_norm,
     )
 
-    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+    def cast(t: Any) -> torch.Tensor | None:
         if t is None:
             return None
         t = t.detach()
         return t if dtype is None or t.dtype == dtype else t.to(dtype)
 
     layers: list[LayerTensors] = []
+    layer: Any
     for layer in parts.layers:
         attn, mlp = layer.self_attn, layer.mlp
         qkv_mods = [attn.q_proj, attn.k_proj, attn.v_proj]
@@ -159,7 +160,7 @@ def extract_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Targe
         qkv_bias = _cat_bias(qkv_mods, [spec.q_width, spec.kv_width, spec.kv_width], qkv)
         gate_up = torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()])
         gate_up_bias = _cat_bias([mlp.gate_proj, mlp.up_proj], [spec.intermediate_size] * 2, gate_up)
-        tensors = {
+        tensors: dict[str, Any] = {
             "input_norm": layer.input_layernorm.weight,
             "qkv": qkv,
             "qkv_bias": qkv_bias,

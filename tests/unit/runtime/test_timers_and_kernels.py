@@ -1,0 +1,59 @@
+"""Phase timers, the optional fused-reduction kernel forms, and per-runner compiled-code isolation."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from eaglewire.engine.timers import PhaseTimers
+from eaglewire.target.runtime.model import KernelChoices, attention_reduce, linear
+from eaglewire.target.runtime.runner import _own_code
+
+
+def test_disabled_timers_share_one_null_context_and_record_nothing() -> None:
+    timers = PhaseTimers()
+    assert timers.phase("draft") is timers.phase("verify")
+    with timers.phase("draft"):
+        pass
+    assert timers.summary() == {} and timers.counts() == {}
+
+
+def test_cpu_timers_accumulate_per_phase() -> None:
+    timers = PhaseTimers(enabled=True, device="cpu")
+    for _ in range(3):
+        with timers.phase("verify"):
+            time.sleep(0.002)
+    with timers.phase("host"):
+        pass
+    summary = timers.summary()
+    assert summary["verify"] >= 0.006 and summary["host"] < summary["verify"]
+    assert timers.counts() == {"verify": 3, "host": 1}
+    timers.reset()
+    assert timers.summary() == {}
+
+
+def test_reduction_forms_equal_the_library_ops() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (
+        torch.randn(2, 3, 16, generator=g),
+        torch.randn(24, 16, generator=g),
+        torch.randn(24, generator=g),
+    )
+    on = KernelChoices(reduction_matmul_max_rows=8, reduction_matmul_max_bytes=1 << 20)
+    torch.testing.assert_close(linear(x, w, b, on), F.linear(x, w, b), atol=1e-5, rtol=0)
+    torch.testing.assert_close(linear(x, w, None, KernelChoices()), F.linear(x, w))
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    mask = torch.zeros(1, 1, 6, 6).masked_fill(torch.rand(6, 6, generator=g) < 0.4, float("-inf"))
+    mask.diagonal(dim1=-2, dim2=-1).zero_()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attention_reduce(q, k, v, mask), ref, atol=1e-5, rtol=0)
+
+
+def test_own_code_copies_behave_like_the_original_with_a_distinct_code_object() -> None:
+    def f(a: int, b: int = 2) -> int:
+        return a * b
+
+    g = _own_code(f)
+    assert g(3) == 6 and g(3, b=4) == 12 and g.__code__ is not f.__code__

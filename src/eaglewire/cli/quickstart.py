@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
-from eaglewire.cli.common import console, print_table
+from eaglewire.cli.common import console, print_json, print_table
+
+STAGES = ("target", "data", "train", "eval", "decode", "export", "doctor")
 
 
-def show_target_report(report) -> None:  # type: ignore[no-untyped-def]
+def show_target_report(report: Any) -> None:
     c = report.contract
     print_table(
         f"contract: {c.target.architecture}, L={c.target.num_layers}, Ht={c.target.hidden_size}, V={c.target.vocab_size}",
@@ -19,28 +24,63 @@ def show_target_report(report) -> None:  # type: ignore[no-untyped-def]
         ["engine / tool", "ids"],
         [[k, ",".join(map(str, v)) if isinstance(v, tuple) else v] for k, v in report.engine_ids.items()],
     )
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def show_summary(summary: dict[str, Any]) -> None:
+    rows = []
+    for prompt_set, methods in summary["decode"].items():
+        for method, r in methods.items():
+            same = r.get("identical_to_plain")
+            rows.append([prompt_set, method, _fmt(r["tokens_per_s"], ".1f"), _fmt(r["tau"]),
+                         _fmt(r["speedup_vs_plain"]), "-" if same is None else ("yes" if same else "NO")])
+    print_table("quickstart: held-out decoding (greedy)", ["prompts", "method", "tok/s", "tau", "speedup", "same text"],
+                rows)
     print_table(
-        "mean per-token norm at every boundary (probe prompt)",
-        ["boundary", "physical state", "norm", "role"],
-        [
-            [f"{n.key.boundary}{' post' if n.key.norm == 'post' else ''}", n.meaning, f"{n.mean_token_norm:.2f}",
-             "aux" if n.is_aux else ("final" if n.is_final else "")]
-            for n in report.norms
-        ],
+        "quickstart: stages",
+        ["stage", "seconds"],
+        [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
+        + [["predicted tau (chain)", _fmt(summary["predicted_tau_chain"])],
+           ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"]],
     )
 
 
 def quickstart(
-    target: str = typer.Option("smollm2", "--target", help="target to run the pipeline on"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 on CPU; bfloat16 on GPU"),
+    preset: str = typer.Option(None, "--preset", help="cpu | gpu (default: gpu when CUDA is available, else cpu)"),
+    out: Path = typer.Option(Path("runs/quickstart"), "--out", help="run directory (rerun to resume)"),
+    target: str = typer.Option("smollm2", "--target", help="target to run the recipe on"),
+    chitchat: int = typer.Option(None, "--chitchat", help="override: training conversations from chitchat"),
+    epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Fresh machine -> reference target -> contract and wiring report (later stages: train, decode, export)."""
+    """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
+    import torch
+
     from eaglewire.recipes.inspect_target import inspect_target
+    from eaglewire.recipes.presets import get_preset
+    from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
     from eaglewire.target.loading import load_target
 
-    console.print(f"[bold]1/1 loading target[/] {target} ({dtype})")
-    loaded = load_target(target, dtype=dtype)
-    show_target_report(inspect_target(loaded))
+    name = preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    chosen = get_preset(name, chitchat_conversations=chitchat, epochs=epochs)
+    if chosen.device == "cpu":
+        torch.set_num_threads(max(torch.get_num_threads(), 1))
+    out_dir = out / chosen.name
+    console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")
+    if not (out_dir / "target.json").exists():
+        show_target_report(inspect_target(load_target(target, dtype=chosen.target_dtype)))
+
+    def announce(stage: str) -> None:
+        console.print(f"[bold cyan]stage {STAGES.index(stage) + 1}/{len(STAGES)}: {stage}[/]")
+
+    summary = run_quickstart(QuickstartRun(preset=chosen, out_dir=out_dir, target=target, on_stage=announce))
+    if as_json:
+        print_json(summary)
+    else:
+        show_summary(summary)
 
 
 def register(app: typer.Typer) -> None:

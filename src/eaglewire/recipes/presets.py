@@ -1,0 +1,109 @@
+"""Quickstart presets: how much data, training and decoding the recipe does on each kind of machine.
+
+`cpu` must finish within 15 minutes on a 2-core machine (setup included) and still show tau > 1.5;
+`gpu` is the full recipe (goal: tau >= 3.5 with a chain of 5 on one H200 in <= 20 minutes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from eaglewire.errors import ConfigError
+from eaglewire.typed_config import help_field
+
+
+@dataclass(frozen=True)
+class QuickstartPreset:
+    name: str = help_field("preset name")
+    device: Literal["cpu", "cuda"] = help_field("where the target, training and decoding run")
+    target_dtype: Literal["float32", "bfloat16"] = help_field("dtype of the target (and of decoding)")
+    chitchat_conversations: int = help_field("training conversations taken from the chitchat train split")
+    humaneval_problems: int = help_field("training problems taken from the humaneval train split (0 = none)")
+    magpie_prompts: int = help_field("prompts sampled from the target itself (Magpie); 0 = none")
+    user_turns: int = help_field("user turns kept per conversation (each is answered by the target)")
+    regen_max_new_tokens: int = help_field("longest regenerated answer")
+    regen_temperature: float = help_field("regeneration temperature (0 = the target's greedy answers)")
+    regen_batch_size: int = help_field("conversations regenerated together")
+    eval_conversations: int = help_field("held-out conversations per built-in set for offline evaluation")
+    draft_vocab_size: int = help_field("Vd: the draft's vocabulary, chosen by frequency in the training answers")
+    ttt_steps: int = help_field("S: unrolled training-time-test steps")
+    epochs: int = help_field("passes over the training records")
+    learning_rate: float = help_field("peak learning rate")
+    max_length: int = help_field("tokens per training row")
+    batch_size: int = help_field("rows per optimizer step")
+    decode_prompts: int = help_field("held-out prompts decoded per prompt set")
+    decode_max_new_tokens: int = help_field("tokens generated per decoded prompt")
+    prompt_sets: tuple[str, ...] = help_field("prompt sets decoded at the end (held-out only)")
+    chain_steps: int = help_field("draft tokens per round of the chain setting (topk=1)")
+    tree_num_steps: int = help_field("tree setting: SGLang --speculative-num-steps")
+    tree_topk: int = help_field("tree setting: SGLang --speculative-eagle-topk")
+    tree_num_draft_tokens: int = help_field("tree setting: SGLang --speculative-num-draft-tokens")
+    hf_baselines: bool = help_field("also time transformers generate / prompt lookup (slow on CPU)")
+
+
+PRESETS: dict[str, QuickstartPreset] = {
+    "cpu": QuickstartPreset(
+        name="cpu",
+        device="cpu",
+        target_dtype="float32",
+        chitchat_conversations=160,
+        humaneval_problems=40,
+        magpie_prompts=0,
+        user_turns=1,
+        regen_max_new_tokens=96,
+        regen_temperature=0.0,
+        regen_batch_size=40,
+        eval_conversations=12,
+        draft_vocab_size=4096,
+        ttt_steps=3,
+        epochs=3,
+        learning_rate=1e-3,
+        max_length=512,
+        batch_size=2,
+        decode_prompts=3,
+        decode_max_new_tokens=48,
+        prompt_sets=("chitchat-eval", "humaneval-eval"),
+        chain_steps=5,
+        tree_num_steps=4,
+        tree_topk=2,
+        tree_num_draft_tokens=8,
+        hf_baselines=False,
+    ),
+    "gpu": QuickstartPreset(
+        name="gpu",
+        device="cuda",
+        target_dtype="bfloat16",
+        chitchat_conversations=6000,
+        humaneval_problems=131,
+        magpie_prompts=2000,
+        user_turns=2,
+        regen_max_new_tokens=384,
+        regen_temperature=0.0,
+        regen_batch_size=256,
+        eval_conversations=64,
+        draft_vocab_size=16384,
+        ttt_steps=7,
+        epochs=4,
+        learning_rate=5e-4,
+        max_length=2048,
+        batch_size=8,
+        decode_prompts=20,
+        decode_max_new_tokens=256,
+        prompt_sets=("chitchat-eval", "humaneval-eval", "mt-bench"),
+        chain_steps=5,
+        tree_num_steps=6,
+        tree_topk=4,
+        tree_num_draft_tokens=16,
+        hf_baselines=True,
+    ),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> QuickstartPreset:
+    if name not in PRESETS:
+        raise ConfigError(f"--preset: expected one of {sorted(PRESETS)}, got {name!r}")
+    unknown = sorted(k for k in overrides if k not in PRESETS[name].__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"preset overrides: unknown fields {unknown}")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})

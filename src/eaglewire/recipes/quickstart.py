@@ -1,0 +1,235 @@
+"""The quickstart: reference target -> data -> train -> evaluate -> decode -> export -> doctor.
+
+Each stage writes into its own folder of the run directory and a `<stage>.json` result; a
+rerun skips finished stages (regeneration and training resume mid-stage), so an interrupted
+quickstart picks up where it stopped. Held-out prompts are never trained on: training uses the
+built-in sets' train splits, evaluation and decoding their eval splits (and MT-bench).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from eaglewire.data.formats import Conversation
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.recipes.presets import QuickstartPreset
+
+log = logging.getLogger(__name__)
+
+TARGET = "smollm2"
+
+
+@dataclass
+class StageLog:
+    name: str
+    seconds: float
+    result: dict[str, Any]
+    skipped: bool = False
+
+
+@dataclass
+class QuickstartRun:
+    preset: QuickstartPreset
+    out_dir: Path
+    target: str = TARGET
+    stages: list[StageLog] = field(default_factory=list)
+    on_stage: Callable[[str], None] | None = None
+
+    def path(self, *parts: str) -> Path:
+        return self.out_dir.joinpath(*parts)
+
+    def stage(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run `fn` unless `<name>.json` records it as done; record its result and wall time."""
+        marker = self.path(f"{name}.json")
+        if self.on_stage is not None:
+            self.on_stage(name)
+        if marker.exists():
+            result = json.loads(marker.read_text())
+            self.stages.append(StageLog(name, 0.0, result, skipped=True))
+            return result
+        start = time.perf_counter()
+        result = fn()
+        seconds = time.perf_counter() - start
+        atomic_write_json(marker, {**result, "seconds": seconds})
+        self.stages.append(StageLog(name, seconds, result))
+        return result
+
+
+def first_user_turns(conv: Conversation, turns: int) -> Conversation:
+    """Keep the conversation up to (not including) its (turns+1)-th user message."""
+    kept, seen = [], 0
+    for m in conv.messages:
+        if m.role == "user":
+            if seen == turns:
+                break
+            seen += 1
+        kept.append(m)
+    return replace(conv, messages=tuple(kept))
+
+
+def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: Any) -> list[Conversation]:
+    from eaglewire.data.builtin import load_builtin
+
+    p = run.preset
+    train = split == "train"
+    chit = load_builtin("chitchat", split)[: p.chitchat_conversations if train else p.eval_conversations]
+    code = load_builtin("humaneval", split)[: p.humaneval_problems if train else p.eval_conversations]
+    convs = [first_user_turns(c, p.user_turns) for c in chit] + [first_user_turns(c, 1) for c in code]
+    if train and p.magpie_prompts:
+        from eaglewire.data.builtin import heldout_split
+        from eaglewire.data.magpie import cached_magpie_prompts
+
+        magpie = cached_magpie_prompts(loaded, run.path("data", "magpie_prompts.jsonl"), p.magpie_prompts)
+        convs += [first_user_turns(c, 1) for c in magpie if heldout_split(c.record_id) == "train"]
+    return convs
+
+
+def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
+    """Regenerate answers with the target (train and held-out eval), tokenize, choose the draft vocab."""
+    from eaglewire.data.build import build_dataset
+    from eaglewire.data.formats import read_conversations
+    from eaglewire.data.generation import SamplingConfig
+    from eaglewire.data.regenerate import regenerate
+    from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
+
+    p = run.preset
+    sampling = SamplingConfig(
+        max_new_tokens=p.regen_max_new_tokens, temperature=p.regen_temperature, top_p=1.0, seed=0,
+        batch_size=p.regen_batch_size,
+    )
+    out: dict[str, Any] = {}
+    splits: tuple[Literal["train", "eval"], ...] = ("train", "eval")
+    for split in splits:
+        jsonl = run.path("data", f"{split}.jsonl")
+        stats = regenerate(loaded, _conversations(run, split, loaded), jsonl, sampling)
+        convs, _ = read_conversations(jsonl, require_assistant=True)
+        ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
+        ds.save(run.path("data", split))
+        out[split] = {"conversations": len(convs), "tokens": ds.num_tokens, "loss_tokens": ds.num_loss_tokens,
+                      "regenerate_tokens_per_s": stats.tokens_per_second, "truncated": build_stats.truncated_records}
+        if split == "train":
+            vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
+            save_draft_vocab(vocab, run.path("data", "vocab"))
+            out["vocab"] = {k: v for k, v in vocab.stats.items() if isinstance(v, int | float | str)}
+    return out
+
+
+def stage_train(run: QuickstartRun) -> dict[str, Any]:
+    from eaglewire.data.vocab import load_draft_vocab
+    from eaglewire.train.config import TrainConfig
+    from eaglewire.train.run import run_training
+
+    p = run.preset
+    config = TrainConfig(
+        ttt_steps=p.ttt_steps, epochs=p.epochs, learning_rate=p.learning_rate, max_length=p.max_length,
+        batch_size=p.batch_size, warmup_ratio=0.05, min_lr_ratio=0.1, checkpoint_every=200, log_every=10,
+    )
+    vocab = load_draft_vocab(run.path("data", "vocab"))
+    result = run_training(
+        target=run.target, data_dir=run.path("data", "train"), out_dir=run.path("train"), config=config,
+        eval_dir=run.path("data", "eval"), resume=run.path("train").exists(),
+        draft_to_target=vocab.draft_to_target, device=p.device, target_dtype=p.target_dtype,
+    )
+    return {"draft_dir": str(result.draft_dir), "optimizer_steps": result.optimizer_steps, "tokens": result.tokens,
+            "tokens_per_s": result.tokens_per_s, "eval": result.eval}
+
+
+def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
+    from eaglewire.train.run import run_eval
+
+    p = run.preset
+    result = run_eval(draft_dir=draft_dir, target=run.target, data_dir=run.path("data", "eval"),
+                      num_steps=max(p.chain_steps, p.ttt_steps), max_length=p.max_length, device=p.device,
+                      target_dtype=p.target_dtype)
+    summary = result.summary()
+    return {"summary": summary, "predicted_tau_chain": result.tau_chain(p.chain_steps)}
+
+
+def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, Any]:
+    """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts."""
+    from eaglewire.bench.harness import BenchConfig, run_benchmark
+    from eaglewire.bench.prompts import load_prompt_set
+
+    p = run.preset
+    methods = ("plain", "eagle-chain", "eagle-tree") + (("hf-generate", "hf-prompt-lookup") if p.hf_baselines else ())
+    cfg = BenchConfig(
+        max_new_tokens=p.decode_max_new_tokens, methods=methods, chain_steps=p.chain_steps,
+        tree_num_steps=p.tree_num_steps, tree_topk=p.tree_topk, tree_num_draft_tokens=p.tree_num_draft_tokens,
+        warmup=1, repeats=1 if p.device == "cpu" else 3,
+    )
+    out: dict[str, Any] = {}
+    for name in p.prompt_sets:
+        report = run_benchmark(loaded, draft_dir, load_prompt_set(name, p.decode_prompts), cfg)
+        report.write(run.path("decode", name))
+        out[name] = {
+            m: {"tokens_per_s": r.tokens_per_s, "tau": r.tau, "speedup_vs_plain": r.speedup_vs_plain,
+                "identical_to_plain": None if r.mismatches is None else not r.mismatches,
+                "per_position_acceptance": r.per_position_acceptance}
+            for m, r in report.results.items() if r.available
+        }
+    return out
+
+
+def stage_export(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
+    from eaglewire.export.exporting import export_draft
+
+    p = run.preset
+    out = {}
+    for fmt in ("sglang", "vllm"):
+        result = export_draft(draft_dir, fmt, run.path("export", fmt), num_steps=p.chain_steps, topk=1,
+                              num_draft_tokens=p.chain_steps + 1)
+        out[fmt] = {"dir": str(result.out), "layer_ids": list(result.layer_ids), "numbering": result.numbering,
+                    "launch_command": result.launch_command}
+    return out
+
+
+def stage_doctor(run: QuickstartRun) -> dict[str, Any]:
+    from eaglewire.doctor.run import DoctorOptions, run_doctor
+
+    out = {}
+    for fmt in ("sglang", "vllm"):
+        report = run_doctor(DoctorOptions(draft=run.path("export", fmt), target=run.target,
+                                          target_dtype=run.preset.target_dtype))
+        out[fmt] = {"ok": not report.findings, "findings": [f.what for f in report.findings],
+                    "verdict": [list(r) for r in report.verdict_rows()]}
+    return out
+
+
+def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
+    """Every stage in order; returns the summary (also written to summary.json)."""
+    from eaglewire.recipes.inspect_target import inspect_target
+    from eaglewire.target.loading import load_target
+
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run.path("preset.json"), asdict(run.preset))
+    loaded = load_target(run.target, dtype=run.preset.target_dtype, device=run.preset.device)
+
+    def target_stage() -> dict[str, Any]:
+        report = inspect_target(loaded)
+        return {"contract": report.contract.to_json(), "engine_ids": report.engine_ids,
+                "norms": [[n.key.boundary, n.key.norm, n.mean_token_norm] for n in report.norms]}
+
+    run.stage("target", target_stage)
+    run.stage("data", lambda: stage_data(run, loaded))
+    trained = run.stage("train", lambda: stage_train(run))
+    draft_dir = Path(trained["draft_dir"])
+    evaluated = run.stage("eval", lambda: stage_eval(run, draft_dir))
+    decoded = run.stage("decode", lambda: stage_decode(run, loaded, draft_dir))
+    run.stage("export", lambda: stage_export(run, draft_dir))
+    doctored = run.stage("doctor", lambda: stage_doctor(run))
+    summary = {
+        "preset": run.preset.name,
+        "stage_seconds": {s.name: s.seconds for s in run.stages},
+        "predicted_tau_chain": evaluated.get("predicted_tau_chain"),
+        "decode": decoded,
+        "doctor_ok": all(v["ok"] for v in doctored.values()),
+        "out_dir": str(run.out_dir),
+    }
+    atomic_write_json(run.path("summary.json"), summary)
+    return summary

@@ -39,7 +39,10 @@ class QuickstartPreset:
     tree_num_steps: int = help_field("tree setting: SGLang --speculative-num-steps")
     tree_topk: int = help_field("tree setting: SGLang --speculative-eagle-topk")
     tree_num_draft_tokens: int = help_field("tree setting: SGLang --speculative-num-draft-tokens")
-    hf_baselines: bool = help_field("also time transformers generate / prompt lookup (slow on CPU)")
+    hf_baseline_sets: tuple[str, ...] = help_field(
+        "prompt sets on which transformers generate / prompt lookup are also timed (they are slow)"
+    )
+    timing_repeats: int = help_field("timed runs per prompt and method (median reported)")
 
 
 PRESETS: dict[str, QuickstartPreset] = {
@@ -68,34 +71,36 @@ PRESETS: dict[str, QuickstartPreset] = {
         tree_num_steps=4,
         tree_topk=2,
         tree_num_draft_tokens=8,
-        hf_baselines=False,
+        hf_baseline_sets=(),
+        timing_repeats=1,
     ),
     "gpu": QuickstartPreset(
         name="gpu",
         device="cuda",
         target_dtype="bfloat16",
-        chitchat_conversations=6000,
+        chitchat_conversations=3000,
         humaneval_problems=131,
-        magpie_prompts=2000,
+        magpie_prompts=1000,
         user_turns=2,
-        regen_max_new_tokens=384,
+        regen_max_new_tokens=256,
         regen_temperature=0.0,
         regen_batch_size=256,
         eval_conversations=64,
         draft_vocab_size=16384,
         ttt_steps=7,
-        epochs=4,
+        epochs=3,
         learning_rate=5e-4,
-        max_length=2048,
-        batch_size=8,
-        decode_prompts=20,
-        decode_max_new_tokens=256,
+        max_length=1024,
+        batch_size=16,
+        decode_prompts=10,
+        decode_max_new_tokens=128,
         prompt_sets=("chitchat-eval", "humaneval-eval", "mt-bench"),
         chain_steps=5,
         tree_num_steps=6,
         tree_topk=4,
         tree_num_draft_tokens=16,
-        hf_baselines=True,
+        hf_baseline_sets=("mt-bench",),
+        timing_repeats=3,
     ),
 }
 

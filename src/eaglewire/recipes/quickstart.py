@@ -157,14 +157,14 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
     from eaglewire.bench.prompts import load_prompt_set
 
     p = run.preset
-    methods = ("plain", "eagle-chain", "eagle-tree") + (("hf-generate", "hf-prompt-lookup") if p.hf_baselines else ())
-    cfg = BenchConfig(
-        max_new_tokens=p.decode_max_new_tokens, methods=methods, chain_steps=p.chain_steps,
-        tree_num_steps=p.tree_num_steps, tree_topk=p.tree_topk, tree_num_draft_tokens=p.tree_num_draft_tokens,
-        warmup=1, repeats=1 if p.device == "cpu" else 3,
-    )
     out: dict[str, Any] = {}
     for name in p.prompt_sets:
+        hf = ("hf-generate", "hf-prompt-lookup") if name in p.hf_baseline_sets else ()
+        cfg = BenchConfig(
+            max_new_tokens=p.decode_max_new_tokens, methods=("plain", "eagle-chain", "eagle-tree", *hf),
+            chain_steps=p.chain_steps, tree_num_steps=p.tree_num_steps, tree_topk=p.tree_topk,
+            tree_num_draft_tokens=p.tree_num_draft_tokens, warmup=1, repeats=p.timing_repeats,
+        )
         report = run_benchmark(loaded, draft_dir, load_prompt_set(name, p.decode_prompts), cfg)
         report.write(run.path("decode", name))
         out[name] = {

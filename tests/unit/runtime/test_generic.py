@@ -7,7 +7,7 @@ import torch
 from eaglewire.target.runtime.factory import make_target_runner
 from eaglewire.target.runtime.generic import GenericTargetRunner
 from eaglewire.target.runtime.runner import FastTargetRunner
-from tests.unit.runtime.conftest import tiny
+from tests.unit.runtime.tiny_targets import tiny
 
 ATOL = 1e-4
 TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)

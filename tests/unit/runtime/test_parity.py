@@ -12,7 +12,7 @@ from eaglewire.errors import BoundaryError, ConfigError, UnsupportedArchitecture
 from eaglewire.target.capture import capture
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.runner import FastTargetRunner
-from tests.unit.runtime.conftest import tiny
+from tests.unit.runtime.tiny_targets import tiny
 
 ATOL = 1e-4
 

@@ -9,7 +9,7 @@ import eaglewire.engine.plain as plain
 from eaglewire.engine.plain import generate_plain, generate_plain_with_stats, sample_next
 from eaglewire.errors import ConfigError
 from eaglewire.target.runtime.factory import make_target_runner
-from tests.unit.runtime.conftest import tiny
+from tests.unit.runtime.tiny_targets import tiny
 
 LENGTHS = [5, 17, 9, 30, 1, 12]
 

@@ -6,7 +6,7 @@ import torch
 
 from eaglewire.target.runtime.kv_cache import kv_bucket
 from eaglewire.target.runtime.runner import FastTargetRunner
-from tests.unit.runtime.conftest import tiny
+from tests.unit.runtime.tiny_targets import tiny
 
 ATOL = 1e-4
 

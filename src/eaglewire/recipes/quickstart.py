@@ -50,13 +50,13 @@ class QuickstartRun:
         if self.on_stage is not None:
             self.on_stage(name)
         if marker.exists():
-            result = json.loads(marker.read_text())
-            self.stages.append(StageLog(name, 0.0, result, skipped=True))
-            return result
+            done = json.loads(marker.read_text())
+            self.stages.append(StageLog(name, done["seconds"], done["result"], skipped=True))
+            return dict(done["result"])
         start = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - start
-        atomic_write_json(marker, {**result, "seconds": seconds})
+        atomic_write_json(marker, {"stage": name, "seconds": seconds, "result": result})
         self.stages.append(StageLog(name, seconds, result))
         return result
 

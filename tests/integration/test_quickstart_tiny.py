@@ -1,0 +1,36 @@
+"""The whole quickstart pipeline on a tiny random target: data -> train -> eval -> decode -> export -> doctor."""
+
+import json
+
+import torch
+
+from eaglewire.recipes.presets import get_preset
+from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
+from tests.helpers.tiny import make_tiny_target, save_tiny_target
+
+
+def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLEWIRE_HOME", str(tmp_path / "home"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target_dir = save_tiny_target(make_tiny_target("llama"), tmp_path / "target")
+        stages = []
+        run = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir),
+                            on_stage=stages.append)
+        summary = run_quickstart(run)
+    finally:
+        torch.set_num_threads(threads)
+    assert stages == ["target", "data", "train", "eval", "decode", "export", "doctor"]
+    decode = summary["decode"]["chitchat-eval"]
+    assert {"plain", "eagle-chain", "eagle-tree"} <= set(decode)
+    for method in ("eagle-chain", "eagle-tree"):  # float32: speculative greedy text == plain greedy text
+        assert decode[method]["identical_to_plain"] is True
+        assert decode[method]["tau"] >= 1.0
+    assert summary["doctor_ok"], json.loads((tmp_path / "run" / "doctor.json").read_text())
+    sglang = json.loads((tmp_path / "run" / "export" / "sglang" / "config.json").read_text())
+    assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # boundaries 2, 4, 5 of 8 layers
+    # A rerun skips every finished stage.
+    again = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir))
+    run_quickstart(again)
+    assert all(s.skipped for s in again.stages)

@@ -106,13 +106,17 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     splits: tuple[Literal["train", "eval"], ...] = ("train", "eval")
     for split in splits:
-        jsonl = run.path("data", f"{split}.jsonl")
-        stats = regenerate(loaded, _conversations(run, split, loaded), jsonl, sampling)
-        convs, _ = read_conversations(jsonl, require_assistant=True)
+        convs = _conversations(run, split, loaded)
+        regen_tps = None
+        if p.regenerate:
+            jsonl = run.path("data", f"{split}.jsonl")
+            regen_tps = regenerate(loaded, convs, jsonl, sampling).tokens_per_second
+            convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
         ds.save(run.path("data", split))
         out[split] = {"conversations": len(convs), "tokens": ds.num_tokens, "loss_tokens": ds.num_loss_tokens,
-                      "regenerate_tokens_per_s": stats.tokens_per_second, "truncated": build_stats.truncated_records}
+                      "regenerated": p.regenerate, "regenerate_tokens_per_s": regen_tps,
+                      "truncated": build_stats.truncated_records}
         if split == "train":
             vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
             save_draft_vocab(vocab, run.path("data", "vocab"))
@@ -129,6 +133,7 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
     config = TrainConfig(
         ttt_steps=p.ttt_steps, epochs=p.epochs, learning_rate=p.learning_rate, max_length=p.max_length,
         batch_size=p.batch_size, warmup_ratio=0.05, min_lr_ratio=0.1, checkpoint_every=200, log_every=10,
+        max_seconds=p.train_max_seconds,
     )
     vocab = load_draft_vocab(run.path("data", "vocab"))
     result = run_training(

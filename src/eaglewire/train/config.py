@@ -59,6 +59,11 @@ class TrainConfig:
     grad_accum_steps: int = help_field("micro-batches per optimizer step per process", default=1)
     epochs: int = help_field("passes over the training records", default=1)
     max_steps: int = help_field("stop after this many optimizer steps; 0 = epochs decide", default=0)
+    max_seconds: float = help_field(
+        "wall-time budget: stop after the optimizer step that passes it (the run still ends with a "
+        "checkpoint, evaluation and the draft; the learning-rate schedule is not shortened); 0 = none",
+        default=0.0,
+    )
     # --- evaluation, checkpoints, logging ---
     eval_every: int = help_field(
         "optimizer steps between held-out evaluations; 0 = only at the end", default=0
@@ -90,6 +95,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
+        if self.max_seconds < 0:
+            raise ConfigError(f"max_seconds: expected >= 0 (0 = no budget), got {self.max_seconds}")
         for name in ("max_steps", "eval_every", "eval_max_records", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected an integer >= 0, got {getattr(self, name)}")

@@ -282,8 +282,12 @@ class Trainer:
         bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main)
         last: dict[str, Any] = {}
         tokens_run, time_run = 0, 0.0
+        started = time.perf_counter()
         try:
             while self.step < self.total_steps and self.epoch < cfg.epochs:
+                if cfg.max_seconds and self._out_of_time(time.perf_counter() - started):
+                    log.info("wall-time budget of %.0f s reached after optimizer step %d", cfg.max_seconds, self.step)
+                    break
                 groups = self.plans[self.epoch]
                 if self.group >= len(groups):
                     self.epoch, self.group = self.epoch + 1, 0
@@ -327,6 +331,13 @@ class Trainer:
         final_eval = self.evaluate()
         self._write_eval(final_eval)
         return self._result(last, final_eval, tokens_run, time_run, final=True)
+
+    def _out_of_time(self, elapsed: float) -> bool:
+        """Every process stops at the same step: the slowest clock decides."""
+        over = torch.tensor([float(elapsed >= self.cfg.max_seconds)], device=self.ctx.device)
+        if self.ctx.world_size > 1:
+            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
+        return bool(over.item())
 
     def _write_eval(self, result: EvalResult | None) -> None:
         if result is not None:

@@ -27,6 +27,9 @@ from eaglewire.target.loading import LoadedTarget
 log = logging.getLogger(__name__)
 
 PREFILL_TOKEN_BUDGET = 16384  # tokens per prefill forward (B * chunk width)
+# A batch's prompts are right-padded to its longest; a prompt shorter than longest / PAD_RATIO starts a
+# new batch, so one long outlier cannot multiply the prefill cost of a whole batch.
+PAD_RATIO = 2.0
 DEFAULT_MAX_BATCH = 256
 
 
@@ -172,6 +175,18 @@ def _as_runner(
     )
 
 
+def length_buckets(order: Sequence[int], lengths: Sequence[int], max_rows: int) -> list[list[int]]:
+    """Split `order` (longest first) into batches of at most `max_rows` rows whose shortest prompt is
+    at least 1/PAD_RATIO of their longest."""
+    batches: list[list[int]] = []
+    for i in order:
+        if not batches or len(batches[-1]) >= max_rows or lengths[i] * PAD_RATIO < lengths[batches[-1][0]]:
+            batches.append([i])
+        else:
+            batches[-1].append(i)
+    return batches
+
+
 def generate_plain_with_stats(
     runner_or_target: Any,
     prompts: Sequence[Sequence[int]],
@@ -214,8 +229,7 @@ def generate_plain_with_stats(
     results: list[list[int]] = [[] for _ in prompts]
     prefill_s = decode_s = 0.0
     forwards = 0
-    for start in range(0, len(order), per_batch):
-        idx = order[start : start + per_batch]
+    for idx in length_buckets(order, [len(p) for p in prompts], per_batch):
         batch = [list(prompts[i]) for i in idx]
         rows, p_s, d_s, n_fwd = _generate_batch(
             runner, batch, max_new_tokens, temperature, top_p, generator, eos, check_every

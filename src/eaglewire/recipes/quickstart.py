@@ -110,7 +110,9 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
         regen_tps = None
         if p.regenerate:
             jsonl = run.path("data", f"{split}.jsonl")
-            regen_tps = regenerate(loaded, convs, jsonl, sampling).tokens_per_second
+            # Prompts longer than a training row could not be trained on whole anyway.
+            max_prompt = p.max_length - p.regen_max_new_tokens
+            regen_tps = regenerate(loaded, convs, jsonl, sampling, max_prompt_tokens=max_prompt).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
         ds.save(run.path("data", split))

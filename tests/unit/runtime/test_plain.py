@@ -80,3 +80,12 @@ def test_sampling_is_seeded_and_respects_top_p() -> None:
     assert counts[2] == 0 and counts[3] == 0  # outside the 0.7 nucleus {0.5, 0.3}
     assert abs(counts[0].item() - 0.5 / 0.8) < 0.03
     assert torch.equal(sample_next(logits[:2], 0.0, 1.0, None), torch.tensor([0, 0]))
+
+
+def test_length_buckets_keep_outliers_apart():
+    from eaglewire.engine.plain import length_buckets
+
+    lengths = [1700, 40, 38, 35, 30, 12, 10]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    assert length_buckets(order, lengths, max_rows=60) == [[0], [1, 2, 3, 4], [5, 6]]
+    assert length_buckets(order, lengths, max_rows=2) == [[0], [1, 2], [3, 4], [5, 6]]

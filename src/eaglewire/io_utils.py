@@ -60,7 +60,9 @@ def sha256_file(path: Path) -> str:
 
 def sha256_json(obj: Any) -> str:
     """Hash of a canonical JSON rendering (sorted keys, no whitespace)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()
 
 
 def sha256_text(text: str) -> str:

@@ -122,7 +122,9 @@ def from_dict(cls: type[T], data: dict[str, Any], *, where: str = "") -> T:
     for name, f in fields.items():
         if name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{prefix}{name}: required key missing from {cls.__name__} ({f.metadata.get('help', '')})")
+                raise ConfigError(
+                    f"{prefix}{name}: required key missing from {cls.__name__} ({f.metadata.get('help', '')})"
+                )
             continue
         kwargs[name] = _convert(data[name], hints[name], f"{prefix}{name}")
     try:

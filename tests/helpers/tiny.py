@@ -79,8 +79,13 @@ def tiny_config(arch: str, vocab_size: int, num_layers: int = 8) -> Any:
         return tf.Qwen3Config(**common, head_dim=16, architectures=["Qwen3ForCausalLM"])
     if arch == "qwen3_moe":
         return tf.Qwen3MoeConfig(
-            **common, head_dim=16, architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=32, decoder_sparse_step=1,
+            **common,
+            head_dim=16,
+            architectures=["Qwen3MoeForCausalLM"],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
         )
     if arch == "deepseek_v3":
         return tf.DeepseekV3Config(
@@ -101,7 +106,9 @@ def tiny_config(arch: str, vocab_size: int, num_layers: int = 8) -> Any:
     raise ValueError(arch)
 
 
-def make_tiny_target(arch: str = "llama", *, num_layers: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32) -> LoadedTarget:
+def make_tiny_target(
+    arch: str = "llama", *, num_layers: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> LoadedTarget:
     from transformers import AutoModelForCausalLM
 
     tok = tiny_tokenizer()

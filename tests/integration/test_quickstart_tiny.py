@@ -16,8 +16,12 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     try:
         target_dir = save_tiny_target(make_tiny_target("llama"), tmp_path / "target")
         stages = []
-        run = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir),
-                            on_stage=stages.append)
+        run = QuickstartRun(
+            preset=get_preset("tiny"),
+            out_dir=tmp_path / "run",
+            target=str(target_dir),
+            on_stage=stages.append,
+        )
         summary = run_quickstart(run)
     finally:
         torch.set_num_threads(threads)
@@ -29,7 +33,11 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
         assert decode[method]["tau"] >= 1.0
     assert summary["doctor_ok"], json.loads((tmp_path / "run" / "doctor.json").read_text())
     sglang = json.loads((tmp_path / "run" / "export" / "sglang" / "config.json").read_text())
-    assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # boundaries 2, 4, 5 of 8 layers
+    assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        1,
+        3,
+        4,
+    ]  # boundaries 2, 4, 5 of 8 layers
     # A rerun skips every finished stage.
     again = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir))
     run_quickstart(again)

@@ -23,8 +23,9 @@ def test_reference_shape_and_eos(smollm2):
     assert smollm2.tokenizer.eos_token == "<|im_end|>"
     assert smollm2.tokenizer.eos_token_id == 2 == cfg.eos_token_id
     assert not hasattr(cfg, "quantization_config")
-    prompt = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                   add_generation_prompt=True)
+    prompt = smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n")
 
 

@@ -44,7 +44,9 @@ _register_all()
 @app.callback()
 def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging")) -> None:
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
 
 

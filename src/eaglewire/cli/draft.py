@@ -16,12 +16,18 @@ def init(
     target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
     out: Path = typer.Option(..., "--out", help="directory to write the draft to"),
     aux_boundaries: str = typer.Option(
-        None, "--aux-boundaries", help="aux boundaries (eaglewire numbering, see `eaglewire ids`); default 2,L//2,L-3"
+        None,
+        "--aux-boundaries",
+        help="aux boundaries (eaglewire numbering, see `eaglewire ids`); default 2,L//2,L-3",
     ),
     draft_vocab_size: int = typer.Option(
-        None, "--draft-vocab-size", help="Vd; without --vocab-map the first Vd target ids are used (prefer a vocab map)"
+        None,
+        "--draft-vocab-size",
+        help="Vd; without --vocab-map the first Vd target ids are used (prefer a vocab map)",
     ),
-    vocab_map: Path = typer.Option(None, "--vocab-map", help="vocab map from `eaglewire data vocab` (safetensors)"),
+    vocab_map: Path = typer.Option(
+        None, "--vocab-map", help="vocab map from `eaglewire data vocab` (safetensors)"
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the fingerprint"),
     seed: int = typer.Option(0, "--seed"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
@@ -45,7 +51,9 @@ def init(
             raise ConfigError(f"{vocab_map}: tensor 'draft_to_target' missing (found {sorted(tensors)})")
         d2t = tensors["draft_to_target"]
         if draft_vocab_size is not None and draft_vocab_size != len(d2t):
-            raise ConfigError(f"--draft-vocab-size={draft_vocab_size} but --vocab-map {vocab_map} has {len(d2t)} ids")
+            raise ConfigError(
+                f"--draft-vocab-size={draft_vocab_size} but --vocab-map {vocab_map} has {len(d2t)} ids"
+            )
     elif draft_vocab_size is not None:
         d2t = torch.arange(draft_vocab_size)
     draft = init_draft(loaded, contract, draft_to_target=d2t, seed=seed)
@@ -55,7 +63,10 @@ def init(
         f"draft written to {out}",
         ["field", "value"],
         [
-            ["target", f"{contract.target.architecture}, L={contract.target.num_layers}, Ht={contract.target.hidden_size}"],
+            [
+                "target",
+                f"{contract.target.architecture}, L={contract.target.num_layers}, Ht={contract.target.hidden_size}",
+            ],
             ["aux boundaries", ", ".join(contract.describe()[: contract.num_aux])],
             ["fc", f"{contract.aux_width} -> {draft.config.hidden_size}"],
             ["vocab", f"V={draft.config.vocab_size}, Vd={draft.config.draft_vocab_size}"],

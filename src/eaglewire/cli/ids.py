@@ -37,20 +37,27 @@ def _report(boundaries: tuple[int, ...], num_layers: int, title: str, as_json: b
     }
     if not as_json:
         print_table(title, ["aux", "boundary", "physical state"], _boundary_rows(boundaries, num_layers))
-        rows = [[k, ",".join(map(str, v)) if isinstance(v, tuple) else v, NUMBERING_SHORT[Numbering(k)]]
-                for k, v in table.items()]
+        rows = [
+            [k, ",".join(map(str, v)) if isinstance(v, tuple) else v, NUMBERING_SHORT[Numbering(k)]]
+            for k, v in table.items()
+        ]
         print_table("ids to write", ["engine / tool", "ids", "reading"], rows)
     return result
 
 
 def ids(
-    ids_text: str = typer.Argument(None, metavar="IDS", help="comma-separated ids, e.g. 3,31,59; omit for the defaults"),
+    ids_text: str = typer.Argument(
+        None, metavar="IDS", help="comma-separated ids, e.g. 3,31,59; omit for the defaults"
+    ),
     num_layers: int = typer.Option(..., "--num-layers", "-L", help="decoder layers L of the target"),
     numbering: str = typer.Option(
         "boundary", "--from", help=f"numbering of IDS: {_NUMBERING_NAMES}, or '{SGLANG_ANY}'"
     ),
     sglang_generation: str = typer.Option(
-        None, "--sglang-version", "--sglang-generation", help=f"with --from sglang: legacy | pr25454. {SGLANG_GENERATION_HELP}"
+        None,
+        "--sglang-version",
+        "--sglang-generation",
+        help=f"with --from sglang: legacy | pr25454. {SGLANG_GENERATION_HELP}",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
@@ -62,12 +69,22 @@ def ids(
         raise BoundaryError(f"--num-layers: expected a positive integer, got {num_layers}")
     values = parse_int_list(ids_text, what="IDS")
     if sglang_generation is not None and sglang_generation not in SGLANG_GENERATIONS:
-        raise BoundaryError(f"--sglang-version: expected one of {sorted(SGLANG_GENERATIONS)}, got {sglang_generation!r}")
+        raise BoundaryError(
+            f"--sglang-version: expected one of {sorted(SGLANG_GENERATIONS)}, got {sglang_generation!r}"
+        )
 
     if numbering == SGLANG_ANY and values is not None and sglang_generation is None:
         both = read_sglang_both(values, num_layers)
-        out: dict[str, Any] = {"ids": values, "numbering": "sglang", "ambiguous": both.ambiguous, "readings": {}}
-        for gen, bs, err in (("legacy", both.legacy, both.legacy_error), ("pr25454", both.pr25454, both.pr25454_error)):
+        out: dict[str, Any] = {
+            "ids": values,
+            "numbering": "sglang",
+            "ambiguous": both.ambiguous,
+            "readings": {},
+        }
+        for gen, bs, err in (
+            ("legacy", both.legacy, both.legacy_error),
+            ("pr25454", both.pr25454, both.pr25454_error),
+        ):
             label = "releases before PR #25454" if gen == "legacy" else "releases with PR #25454 (2026-05-16)"
             if bs is None:
                 out["readings"][gen] = {"error": err}
@@ -92,7 +109,9 @@ def ids(
     source = SGLANG_GENERATIONS[sglang_generation] if numbering == SGLANG_ANY else parse_numbering(numbering)
     boundaries = to_boundaries(values, source, num_layers)
     title = (
-        f"defaults for L={num_layers}" if values is None else f"{source.value} ids {values} (L={num_layers}) name"
+        f"defaults for L={num_layers}"
+        if values is None
+        else f"{source.value} ids {values} (L={num_layers}) name"
     )
     result = _report(boundaries, num_layers, title, as_json)
     if as_json:

@@ -17,7 +17,8 @@ def show_target_report(report: Any) -> None:
     print_table(
         f"contract: {c.target.architecture}, L={c.target.num_layers}, Ht={c.target.hidden_size}, V={c.target.vocab_size}",
         ["field", "value"],
-        [["aux", line] for line in c.describe()[: c.num_aux]] + [["final", c.describe()[-1]], ["dtype", c.dtype]],
+        [["aux", line] for line in c.describe()[: c.num_aux]]
+        + [["final", c.describe()[-1]], ["dtype", c.dtype]],
     )
     print_table(
         "aux layer ids to write per engine",
@@ -35,21 +36,36 @@ def show_summary(summary: dict[str, Any]) -> None:
     for prompt_set, methods in summary["decode"].items():
         for method, r in methods.items():
             same = r.get("identical_to_plain")
-            rows.append([prompt_set, method, _fmt(r["tokens_per_s"], ".1f"), _fmt(r["tau"]),
-                         _fmt(r["speedup_vs_plain"]), "-" if same is None else ("yes" if same else "NO")])
-    print_table("quickstart: held-out decoding (greedy)", ["prompts", "method", "tok/s", "tau", "speedup", "same text"],
-                rows)
+            rows.append(
+                [
+                    prompt_set,
+                    method,
+                    _fmt(r["tokens_per_s"], ".1f"),
+                    _fmt(r["tau"]),
+                    _fmt(r["speedup_vs_plain"]),
+                    "-" if same is None else ("yes" if same else "NO"),
+                ]
+            )
+    print_table(
+        "quickstart: held-out decoding (greedy)",
+        ["prompts", "method", "tok/s", "tau", "speedup", "same text"],
+        rows,
+    )
     print_table(
         "quickstart: stages",
         ["stage", "seconds"],
         [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
-        + [["predicted tau (chain)", _fmt(summary["predicted_tau_chain"])],
-           ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"]],
+        + [
+            ["predicted tau (chain)", _fmt(summary["predicted_tau_chain"])],
+            ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],
+        ],
     )
 
 
 def quickstart(
-    preset: str = typer.Option(None, "--preset", help="cpu | gpu (default: gpu when CUDA is available, else cpu)"),
+    preset: str = typer.Option(
+        None, "--preset", help="cpu | gpu (default: gpu when CUDA is available, else cpu)"
+    ),
     out: Path = typer.Option(Path("runs/quickstart"), "--out", help="run directory (rerun to resume)"),
     target: str = typer.Option("smollm2", "--target", help="target to run the recipe on"),
     chitchat: int = typer.Option(None, "--chitchat", help="override: training conversations from chitchat"),

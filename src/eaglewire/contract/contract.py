@@ -37,16 +37,22 @@ class TargetIdentity:
 @dataclass(frozen=True)
 class FinalState:
     boundary: int = help_field("boundary of the final hidden state (normally L)")
-    norm: NormSide = help_field("'pre': before the target's final norm (engines' convention); 'post': after it")
+    norm: NormSide = help_field(
+        "'pre': before the target's final norm (engines' convention); 'post': after it"
+    )
 
 
 @dataclass(frozen=True)
 class Contract:
     target: TargetIdentity = help_field("identity of the target model")
-    aux_boundaries: tuple[int, ...] = help_field("aux states in concat order, as boundary indices (0 = embedding)")
+    aux_boundaries: tuple[int, ...] = help_field(
+        "aux states in concat order, as boundary indices (0 = embedding)"
+    )
     final: FinalState = help_field("the final hidden state stored/used beside the aux states")
     dtype: str = help_field(f"dtype the target ran in, one of {SUPPORTED_DTYPES}")
-    fingerprint: Fingerprint | None = help_field("values of each captured tensor on the probe input", default=None)
+    fingerprint: Fingerprint | None = help_field(
+        "values of each captured tensor on the probe input", default=None
+    )
     schema_version: int = help_field("contract.json schema version", default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -76,7 +82,9 @@ class Contract:
 
     def describe(self) -> list[str]:
         L = self.target.num_layers
-        lines = [f"aux[{i}] = boundary {b}: {describe_boundary(b, L)}" for i, b in enumerate(self.aux_boundaries)]
+        lines = [
+            f"aux[{i}] = boundary {b}: {describe_boundary(b, L)}" for i, b in enumerate(self.aux_boundaries)
+        ]
         lines.append(f"final = boundary {self.final.boundary} ({self.final.norm}-norm)")
         return lines
 
@@ -123,7 +131,9 @@ def contract_diff(a: Contract, b: Contract, *, names: tuple[str, str] = ("a", "b
     return out
 
 
-def require_same_wiring(a: Contract, b: Contract, *, names: tuple[str, str] = ("a", "b"), check_dtype: bool = False) -> None:
+def require_same_wiring(
+    a: Contract, b: Contract, *, names: tuple[str, str] = ("a", "b"), check_dtype: bool = False
+) -> None:
     """Raise ContractMismatchError listing every differing field, printing both sides."""
     diffs = contract_diff(a, b, names=names)
     if check_dtype and a.dtype != b.dtype:

@@ -46,7 +46,9 @@ class StateKey:
 class TensorFingerprint:
     name: str = help_field("role of the tensor: 'aux[i]' (i-th aux state in concat order) or 'final'")
     boundary: int = help_field("boundary the tensor is declared to come from")
-    norm: NormSide = help_field("'pre' for the residual stream; 'post' only for the final state after the final norm")
+    norm: NormSide = help_field(
+        "'pre' for the residual stream; 'post' only for the final state after the final norm"
+    )
     token_norms: tuple[float, ...] = help_field("L2 norm of each probe token's vector, in float32")
     leading: tuple[float, ...] = help_field(
         f"first {LEADING_CHANNELS} channels of the first {LEADING_TOKENS} probe tokens, row-major"

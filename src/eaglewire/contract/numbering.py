@@ -83,13 +83,19 @@ def parse_numbering(name: str) -> Numbering:
         return Numbering(name)
     except ValueError:
         known = ", ".join(n.value for n in Numbering)
-        raise BoundaryError(f"unknown numbering {name!r}; known: {known}, or 'sglang' with a generation") from None
+        raise BoundaryError(
+            f"unknown numbering {name!r}; known: {known}, or 'sglang' with a generation"
+        ) from None
 
 
 def default_boundaries(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's default aux boundaries `[2, L//2, L-3]` (the same physical states every engine uses)."""
     picked = (DEFAULT_LOW_BOUNDARY, num_layers // 2, num_layers - DEFAULT_HIGH_MARGIN)
-    if len(set(picked)) != len(picked) or not all(0 < b < num_layers for b in picked) or list(picked) != sorted(picked):
+    if (
+        len(set(picked)) != len(picked)
+        or not all(0 < b < num_layers for b in picked)
+        or list(picked) != sorted(picked)
+    ):
         raise BoundaryError(
             f"a target with {num_layers} decoder layers is too shallow for three distinct default aux "
             f"boundaries (2, L//2, L-3 = {picked})",
@@ -98,17 +104,23 @@ def default_boundaries(num_layers: int) -> tuple[int, ...]:
     return picked
 
 
-def validate_boundaries(boundaries: Sequence[int], num_layers: int, *, what: str = "aux boundaries") -> tuple[int, ...]:
+def validate_boundaries(
+    boundaries: Sequence[int], num_layers: int, *, what: str = "aux boundaries"
+) -> tuple[int, ...]:
     """Boundaries must be ints in 0..L without duplicates; order is kept (it is the concat order)."""
     out = tuple(int(b) for b in boundaries)
     if not out:
         raise BoundaryError(f"{what}: empty list")
     bad = [b for b in out if not 0 <= b <= num_layers]
     if bad:
-        raise BoundaryError(f"{what} {list(out)}: {bad} out of range 0..{num_layers} (L = {num_layers} decoder layers)")
+        raise BoundaryError(
+            f"{what} {list(out)}: {bad} out of range 0..{num_layers} (L = {num_layers} decoder layers)"
+        )
     dupes = sorted({b for b in out if out.count(b) > 1})
     if dupes:
-        raise BoundaryError(f"{what} {list(out)}: duplicated {dupes}; each aux state must be a distinct boundary")
+        raise BoundaryError(
+            f"{what} {list(out)}: duplicated {dupes}; each aux state must be a distinct boundary"
+        )
     return out
 
 
@@ -150,7 +162,9 @@ def to_boundaries(ids: Sequence[int] | None, numbering: Numbering, num_layers: i
     return validate_boundaries(out, num_layers, what=f"{numbering.value} ids {list(ids)} read as boundaries")
 
 
-def from_boundaries(boundaries: Sequence[int], numbering: Numbering, num_layers: int) -> tuple[int, ...] | None:
+def from_boundaries(
+    boundaries: Sequence[int], numbering: Numbering, num_layers: int
+) -> tuple[int, ...] | None:
     """Write boundaries in an engine's ids. Returns None for EAGLE (no ids: it uses its defaults).
 
     Raises when the engine cannot express the boundaries (SGLang cannot capture the embedding,
@@ -171,7 +185,8 @@ def from_boundaries(boundaries: Sequence[int], numbering: Numbering, num_layers:
         raise BoundaryError(
             f"boundary 0 (the embedding output) in {list(bs)}: stock SGLang cannot capture it (the field "
             "reports' '-1' id is a local patch, not SGLang)",
-            fix="train the draft on layer outputs (boundaries >= 1), e.g. the defaults " + str(list(default_boundaries(num_layers))),
+            fix="train the draft on layer outputs (boundaries >= 1), e.g. the defaults "
+            + str(list(default_boundaries(num_layers))),
         )
     if numbering in (Numbering.SGLANG_LEGACY, Numbering.SPECFORGE, Numbering.MODELOPT):
         return _shift(bs, -LAYER_OUTPUT_OFFSET)

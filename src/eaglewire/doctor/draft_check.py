@@ -83,7 +83,9 @@ def check_fingerprint_values(
         return
     L = target.num_layers
     loosest = max(TOLERANCE.values())
-    for m in match_fingerprint(fp, states_on_probe(target, fp.probe_ids), live_dtype=dtype_name(target.dtype)):
+    for m in match_fingerprint(
+        fp, states_on_probe(target, fp.probe_ids), live_dtype=dtype_name(target.dtype)
+    ):
         ok = m.ok
         actual = m.best if m.best_distance <= loosest else None
         result.rows.append(

@@ -26,19 +26,32 @@ class DraftConfig:
     target_hidden_size: int = help_field("target hidden size Ht (each aux state's width)")
     num_aux: int = help_field("number of aux states A concatenated into fc (A*Ht wide)")
     rms_norm_eps: float = help_field("epsilon of every RMSNorm")
-    rope_parameters: dict[str, Any] = help_field("Hugging Face rope_parameters (rope_type, rope_theta, scaling keys)")
+    rope_parameters: dict[str, Any] = help_field(
+        "Hugging Face rope_parameters (rope_type, rope_theta, scaling keys)"
+    )
     max_position_embeddings: int = help_field("longest position the draft's RoPE is configured for")
     hidden_act: Literal["silu"] = help_field("MLP activation", default="silu")
     format: str = help_field("marks the file as an eaglewire draft config", default=DRAFT_FORMAT)
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"help": "free-form notes (not read by code)"})
+    extra: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "free-form notes (not read by code)"}
+    )
 
     def __post_init__(self) -> None:
         if self.format != DRAFT_FORMAT:
             raise ConfigError(
                 f"format: expected {DRAFT_FORMAT!r}, got {self.format!r} (an engine export? use `eaglewire import`)"
             )
-        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "draft_vocab_size",
+            "target_hidden_size",
+            "num_aux",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: expected a positive integer, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -51,7 +64,9 @@ class DraftConfig:
                 f"draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size} (the target's)"
             )
         if "rope_theta" not in self.rope_parameters:
-            raise ConfigError(f"rope_parameters: missing 'rope_theta' (got keys {sorted(self.rope_parameters)})")
+            raise ConfigError(
+                f"rope_parameters: missing 'rope_theta' (got keys {sorted(self.rope_parameters)})"
+            )
 
     @property
     def aux_width(self) -> int:
@@ -66,18 +81,24 @@ class DraftConfig:
         return from_dict(cls, read_json_file(path), where=str(path))
 
 
-def draft_config_for_target(target_config: Any, *, num_aux: int, draft_vocab_size: int | None = None) -> DraftConfig:
+def draft_config_for_target(
+    target_config: Any, *, num_aux: int, draft_vocab_size: int | None = None
+) -> DraftConfig:
     """A draft shaped like one decoder layer of the target (EAGLE-3's default)."""
     H = int(target_config.hidden_size)
     heads = int(target_config.num_attention_heads)
-    rope = dict(getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    rope = dict(
+        getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+    )
     return DraftConfig(
         hidden_size=H,
         intermediate_size=int(target_config.intermediate_size),
         num_attention_heads=heads,
         num_key_value_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
         # MLA targets (DeepSeek) have no Llama-style head_dim; the draft layer is plain Llama attention.
-        head_dim=H // heads if hasattr(target_config, "kv_lora_rank") else int(getattr(target_config, "head_dim", None) or H // heads),
+        head_dim=H // heads
+        if hasattr(target_config, "kv_lora_rank")
+        else int(getattr(target_config, "head_dim", None) or H // heads),
         vocab_size=int(target_config.vocab_size),
         draft_vocab_size=int(draft_vocab_size or target_config.vocab_size),
         target_hidden_size=H,

@@ -31,13 +31,15 @@ def init_draft(
         d2t = torch.as_tensor(draft_to_target, dtype=torch.long)
     else:
         d2t = torch.arange(target.vocab_size, dtype=torch.long)
-    cfg = config or draft_config_for_target(target.config, num_aux=contract.num_aux, draft_vocab_size=len(d2t))
+    cfg = config or draft_config_for_target(
+        target.config, num_aux=contract.num_aux, draft_vocab_size=len(d2t)
+    )
     if cfg.draft_vocab_size != len(d2t):
-        raise ConfigError(
-            f"draft_vocab_size={cfg.draft_vocab_size} but the vocab map has {len(d2t)} entries"
-        )
+        raise ConfigError(f"draft_vocab_size={cfg.draft_vocab_size} but the vocab map has {len(d2t)} entries")
     if int(d2t.max()) >= cfg.vocab_size or int(d2t.min()) < 0:
-        raise ConfigError(f"vocab map: ids must be in 0..{cfg.vocab_size - 1}, got {int(d2t.min())}..{int(d2t.max())}")
+        raise ConfigError(
+            f"vocab map: ids must be in 0..{cfg.vocab_size - 1}, got {int(d2t.min())}..{int(d2t.max())}"
+        )
     if len(torch.unique(d2t)) != len(d2t):
         raise ConfigError("vocab map: draft ids map to duplicated target ids")
     torch.manual_seed(seed)
@@ -49,5 +51,9 @@ def init_draft(
             draft.embed_tokens.weight.copy_(parts.embed_tokens.weight.float())
             draft.lm_head.weight.copy_(parts.lm_head.get_parameter("weight").float()[d2t])
         else:
-            log.warning("draft hidden %d != target hidden %d: embeddings start random", cfg.hidden_size, target.hidden_size)
+            log.warning(
+                "draft hidden %d != target hidden %d: embeddings start random",
+                cfg.hidden_size,
+                target.hidden_size,
+            )
     return draft

@@ -20,13 +20,19 @@ def check_draft_matches_contract(cfg: DraftConfig, contract: Contract, *, where:
     t = contract.target
     problems = []
     if cfg.num_aux != contract.num_aux:
-        problems.append(f"num_aux: config={cfg.num_aux} contract aux_boundaries={list(contract.aux_boundaries)}")
+        problems.append(
+            f"num_aux: config={cfg.num_aux} contract aux_boundaries={list(contract.aux_boundaries)}"
+        )
     if cfg.target_hidden_size != t.hidden_size:
-        problems.append(f"target_hidden_size: config={cfg.target_hidden_size} contract target.hidden_size={t.hidden_size}")
+        problems.append(
+            f"target_hidden_size: config={cfg.target_hidden_size} contract target.hidden_size={t.hidden_size}"
+        )
     if cfg.vocab_size != t.vocab_size:
         problems.append(f"vocab_size: config={cfg.vocab_size} contract target.vocab_size={t.vocab_size}")
     if problems:
-        raise ContractMismatchError(f"{where}: config.json and contract.json disagree:\n  " + "\n  ".join(problems))
+        raise ContractMismatchError(
+            f"{where}: config.json and contract.json disagree:\n  " + "\n  ".join(problems)
+        )
 
 
 def save_draft(model: Eagle3Draft, contract: Contract, directory: Path) -> Path:
@@ -63,7 +69,9 @@ def load_draft_weights(model: Eagle3Draft, path: Path) -> None:
     model.load_state_dict(state)
 
 
-def load_draft(directory: Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, Contract]:
+def load_draft(
+    directory: Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[Eagle3Draft, Contract]:
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"draft {directory}: not a directory")

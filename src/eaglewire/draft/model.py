@@ -87,7 +87,9 @@ class DraftAttention(nn.Module):
         if mask is None:
             # Plain causal: the T new tokens are the last T of the S keys.
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+        )
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -111,8 +113,15 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DraftMLP(cfg)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv: DraftKV | None, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: DraftKV | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
         h = hidden + self.self_attn(x, cos, sin, kv, mask)
         return h + self.mlp(self.post_attention_layernorm(h))

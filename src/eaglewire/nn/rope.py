@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 
-def rope_inv_freq(rope_parameters: dict[str, Any], head_dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(
+    rope_parameters: dict[str, Any], head_dim: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
     """(inv_freq [head_dim/2], attention_scaling) for these rope parameters."""
     rope_type = rope_parameters.get("rope_type", "default")
     base = float(rope_parameters["rope_theta"])

@@ -35,7 +35,11 @@ def boundary_norms(target: LoadedTarget, contract: Contract) -> list[BoundaryNor
     final_key = StateKey(contract.final.boundary, contract.final.norm)
     rows = []
     for key, x in states.items():
-        meaning = "final norm output (HF hidden_states[L])" if key.norm == "post" else describe_boundary(key.boundary, L)
+        meaning = (
+            "final norm output (HF hidden_states[L])"
+            if key.norm == "post"
+            else describe_boundary(key.boundary, L)
+        )
         rows.append(
             BoundaryNorm(
                 key=key,

@@ -31,7 +31,9 @@ class QuickstartPreset:
     regen_temperature: float = help_field("regeneration temperature (0 = the target's greedy answers)")
     regen_batch_size: int = help_field("conversations regenerated together")
     eval_conversations: int = help_field("held-out conversations per built-in set for offline evaluation")
-    draft_vocab_size: int = help_field("Vd: the draft's vocabulary, chosen by frequency in the training answers")
+    draft_vocab_size: int = help_field(
+        "Vd: the draft's vocabulary, chosen by frequency in the training answers"
+    )
     ttt_steps: int = help_field("S: unrolled training-time-test steps")
     epochs: int = help_field("passes over the training records")
     learning_rate: float = help_field("peak learning rate")

@@ -100,7 +100,10 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
 
     p = run.preset
     sampling = SamplingConfig(
-        max_new_tokens=p.regen_max_new_tokens, temperature=p.regen_temperature, top_p=1.0, seed=0,
+        max_new_tokens=p.regen_max_new_tokens,
+        temperature=p.regen_temperature,
+        top_p=1.0,
+        seed=0,
         batch_size=p.regen_batch_size,
     )
     out: dict[str, Any] = {}
@@ -112,13 +115,20 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
             jsonl = run.path("data", f"{split}.jsonl")
             # Prompts longer than a training row could not be trained on whole anyway.
             max_prompt = p.max_length - p.regen_max_new_tokens
-            regen_tps = regenerate(loaded, convs, jsonl, sampling, max_prompt_tokens=max_prompt).tokens_per_second
+            regen_tps = regenerate(
+                loaded, convs, jsonl, sampling, max_prompt_tokens=max_prompt
+            ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
         ds.save(run.path("data", split))
-        out[split] = {"conversations": len(convs), "tokens": ds.num_tokens, "loss_tokens": ds.num_loss_tokens,
-                      "regenerated": p.regenerate, "regenerate_tokens_per_s": regen_tps,
-                      "truncated": build_stats.truncated_records}
+        out[split] = {
+            "conversations": len(convs),
+            "tokens": ds.num_tokens,
+            "loss_tokens": ds.num_loss_tokens,
+            "regenerated": p.regenerate,
+            "regenerate_tokens_per_s": regen_tps,
+            "truncated": build_stats.truncated_records,
+        }
         if split == "train":
             vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
             save_draft_vocab(vocab, run.path("data", "vocab"))
@@ -133,27 +143,51 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
 
     p = run.preset
     config = TrainConfig(
-        ttt_steps=p.ttt_steps, epochs=p.epochs, learning_rate=p.learning_rate, max_length=p.max_length,
-        batch_size=p.batch_size, warmup_ratio=0.05, min_lr_ratio=0.1, checkpoint_every=200, log_every=10,
+        ttt_steps=p.ttt_steps,
+        epochs=p.epochs,
+        learning_rate=p.learning_rate,
+        max_length=p.max_length,
+        batch_size=p.batch_size,
+        warmup_ratio=0.05,
+        min_lr_ratio=0.1,
+        checkpoint_every=200,
+        log_every=10,
         max_seconds=p.train_max_seconds,
     )
     vocab = load_draft_vocab(run.path("data", "vocab"))
     result = run_training(
-        target=run.target, data_dir=run.path("data", "train"), out_dir=run.path("train"), config=config,
-        eval_dir=run.path("data", "eval"), resume=run.path("train").exists(),
-        draft_to_target=vocab.draft_to_target, device=p.device, target_dtype=p.target_dtype,
+        target=run.target,
+        data_dir=run.path("data", "train"),
+        out_dir=run.path("train"),
+        config=config,
+        eval_dir=run.path("data", "eval"),
+        resume=run.path("train").exists(),
+        draft_to_target=vocab.draft_to_target,
+        device=p.device,
+        target_dtype=p.target_dtype,
     )
-    return {"draft_dir": str(result.draft_dir), "optimizer_steps": result.optimizer_steps, "tokens": result.tokens,
-            "tokens_per_s": result.tokens_per_s, "eval": result.eval}
+    return {
+        "draft_dir": str(result.draft_dir),
+        "optimizer_steps": result.optimizer_steps,
+        "tokens": result.tokens,
+        "tokens_per_s": result.tokens_per_s,
+        "eval": result.eval,
+    }
 
 
 def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
     from eaglewire.train.run import run_eval
 
     p = run.preset
-    result = run_eval(draft_dir=draft_dir, target=run.target, data_dir=run.path("data", "eval"),
-                      num_steps=max(p.chain_steps, p.ttt_steps), max_length=p.max_length, device=p.device,
-                      target_dtype=p.target_dtype)
+    result = run_eval(
+        draft_dir=draft_dir,
+        target=run.target,
+        data_dir=run.path("data", "eval"),
+        num_steps=max(p.chain_steps, p.ttt_steps),
+        max_length=p.max_length,
+        device=p.device,
+        target_dtype=p.target_dtype,
+    )
     summary = result.summary()
     return {"summary": summary, "predicted_tau_chain": result.tau_chain(p.chain_steps)}
 
@@ -168,17 +202,27 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
     for name in p.prompt_sets:
         hf = ("hf-generate", "hf-prompt-lookup") if name in p.hf_baseline_sets else ()
         cfg = BenchConfig(
-            max_new_tokens=p.decode_max_new_tokens, methods=("plain", "eagle-chain", "eagle-tree", *hf),
-            chain_steps=p.chain_steps, tree_num_steps=p.tree_num_steps, tree_topk=p.tree_topk,
-            tree_num_draft_tokens=p.tree_num_draft_tokens, warmup=1, repeats=p.timing_repeats,
+            max_new_tokens=p.decode_max_new_tokens,
+            methods=("plain", "eagle-chain", "eagle-tree", *hf),
+            chain_steps=p.chain_steps,
+            tree_num_steps=p.tree_num_steps,
+            tree_topk=p.tree_topk,
+            tree_num_draft_tokens=p.tree_num_draft_tokens,
+            warmup=1,
+            repeats=p.timing_repeats,
         )
         report = run_benchmark(loaded, draft_dir, load_prompt_set(name, p.decode_prompts), cfg)
         report.write(run.path("decode", name))
         out[name] = {
-            m: {"tokens_per_s": r.tokens_per_s, "tau": r.tau, "speedup_vs_plain": r.speedup_vs_plain,
+            m: {
+                "tokens_per_s": r.tokens_per_s,
+                "tau": r.tau,
+                "speedup_vs_plain": r.speedup_vs_plain,
                 "identical_to_plain": None if r.mismatches is None else not r.mismatches,
-                "per_position_acceptance": r.per_position_acceptance}
-            for m, r in report.results.items() if r.available
+                "per_position_acceptance": r.per_position_acceptance,
+            }
+            for m, r in report.results.items()
+            if r.available
         }
     return out
 
@@ -189,10 +233,20 @@ def stage_export(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
     p = run.preset
     out = {}
     for fmt in ("sglang", "vllm"):
-        result = export_draft(draft_dir, fmt, run.path("export", fmt), num_steps=p.chain_steps, topk=1,
-                              num_draft_tokens=p.chain_steps + 1)
-        out[fmt] = {"dir": str(result.out), "layer_ids": list(result.layer_ids), "numbering": result.numbering,
-                    "launch_command": result.launch_command}
+        result = export_draft(
+            draft_dir,
+            fmt,
+            run.path("export", fmt),
+            num_steps=p.chain_steps,
+            topk=1,
+            num_draft_tokens=p.chain_steps + 1,
+        )
+        out[fmt] = {
+            "dir": str(result.out),
+            "layer_ids": list(result.layer_ids),
+            "numbering": result.numbering,
+            "launch_command": result.launch_command,
+        }
     return out
 
 
@@ -201,10 +255,16 @@ def stage_doctor(run: QuickstartRun) -> dict[str, Any]:
 
     out = {}
     for fmt in ("sglang", "vllm"):
-        report = run_doctor(DoctorOptions(draft=run.path("export", fmt), target=run.target,
-                                          target_dtype=run.preset.target_dtype))
-        out[fmt] = {"ok": not report.findings, "findings": [f.what for f in report.findings],
-                    "verdict": [list(r) for r in report.verdict_rows()]}
+        report = run_doctor(
+            DoctorOptions(
+                draft=run.path("export", fmt), target=run.target, target_dtype=run.preset.target_dtype
+            )
+        )
+        out[fmt] = {
+            "ok": not report.findings,
+            "findings": [f.what for f in report.findings],
+            "verdict": [list(r) for r in report.verdict_rows()],
+        }
     return out
 
 
@@ -219,8 +279,11 @@ def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
 
     def target_stage() -> dict[str, Any]:
         report = inspect_target(loaded)
-        return {"contract": report.contract.to_json(), "engine_ids": report.engine_ids,
-                "norms": [[n.key.boundary, n.key.norm, n.mean_token_norm] for n in report.norms]}
+        return {
+            "contract": report.contract.to_json(),
+            "engine_ids": report.engine_ids,
+            "norms": [[n.key.boundary, n.key.norm, n.mean_token_norm] for n in report.norms],
+        }
 
     run.stage("target", target_stage)
     run.stage("data", lambda: stage_data(run, loaded))

@@ -64,7 +64,9 @@ def hooked_states(model: nn.Module, keys: Sequence[StateKey]) -> Iterator[dict[S
                 raise ValueError(f"post-norm state exists only at boundary L={L}, got {key.boundary}")
             handles.append(parts.final_norm.register_forward_hook(post_hook(key)))
         elif key.boundary < L:
-            handles.append(parts.layers[key.boundary].register_forward_pre_hook(pre_hook(key), with_kwargs=True))
+            handles.append(
+                parts.layers[key.boundary].register_forward_pre_hook(pre_hook(key), with_kwargs=True)
+            )
         else:
             handles.append(parts.final_norm.register_forward_pre_hook(pre_hook(key), with_kwargs=True))
     try:

@@ -43,13 +43,17 @@ def load_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
     # Tied embeddings make lm_head.weight legitimately absent from the state dict.
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise TargetFilesError(f"GGUF {path}: state dict mismatch, missing={missing[:5]} unexpected={unexpected[:5]}")
+        raise TargetFilesError(
+            f"GGUF {path}: state dict mismatch, missing={missing[:5]} unexpected={unexpected[:5]}"
+        )
     if config.tie_word_embeddings:
         fresh.tie_weights()
     return fresh.to(dtype), tokenizer
 
 
-def convert_gguf_to_safetensors(src: Path, dst: Path, *, dtype: torch.dtype, eos_token: str | None = None) -> Path:
+def convert_gguf_to_safetensors(
+    src: Path, dst: Path, *, dtype: torch.dtype, eos_token: str | None = None
+) -> Path:
     """Write `dst/` (config.json, model.safetensors, tokenizer files) atomically: all or nothing."""
     model, tokenizer = load_gguf(src, dtype=dtype)
     if eos_token is not None:

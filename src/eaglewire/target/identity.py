@@ -25,7 +25,15 @@ from eaglewire.target.loading import LoadedTarget, dtype_name
 
 # Config keys that change with how a model was saved or loaded, not with what it computes.
 VOLATILE_CONFIG_KEYS = frozenset(
-    {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "quantization_config", "use_cache", "_commit_hash"}
+    {
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "quantization_config",
+        "use_cache",
+        "_commit_hash",
+    }
 )
 PROBE_FALLBACK_IDS = (1, 504, 2914, 6354, 21, 3041, 665, 260, 23564, 3614, 30, 216, 33, 28, 216, 34)
 
@@ -79,7 +87,10 @@ def compute_fingerprint(
 ) -> Fingerprint:
     ids = probe_ids(target)
     states = states_on_probe(target, ids)
-    entries = [fingerprint_tensor(f"aux[{i}]", StateKey(b), states[StateKey(b)]) for i, b in enumerate(aux_boundaries)]
+    entries = [
+        fingerprint_tensor(f"aux[{i}]", StateKey(b), states[StateKey(b)])
+        for i, b in enumerate(aux_boundaries)
+    ]
     final_key = StateKey(final.boundary, final.norm)
     entries.append(fingerprint_tensor("final", final_key, states[final_key]))
     return Fingerprint(probe_ids=tuple(ids), dtype=dtype_name(target.dtype), tensors=tuple(entries))
@@ -105,16 +116,21 @@ def build_contract(
     )
 
 
-def check_fingerprint(contract: Contract, target: LoadedTarget, *, raise_on_mismatch: bool = True) -> list[FingerprintMatch]:
+def check_fingerprint(
+    contract: Contract, target: LoadedTarget, *, raise_on_mismatch: bool = True
+) -> list[FingerprintMatch]:
     """Recompute every boundary on the contract's probe; say which boundary each stored tensor is."""
     if contract.fingerprint is None:
-        raise FingerprintMismatchError("contract has no fingerprint to check", fix="rebuild it with fingerprint=True")
+        raise FingerprintMismatchError(
+            "contract has no fingerprint to check", fix="rebuild it with fingerprint=True"
+        )
     states = states_on_probe(target, contract.fingerprint.probe_ids)
     matches = match_fingerprint(contract.fingerprint, states, live_dtype=dtype_name(target.dtype))
     bad = [m for m in matches if not m.ok]
     if bad and raise_on_mismatch:
         raise FingerprintMismatchError(
-            "hidden states do not match the contract's fingerprint:\n  " + "\n  ".join(m.explain() for m in bad),
+            "hidden states do not match the contract's fingerprint:\n  "
+            + "\n  ".join(m.explain() for m in bad),
             fix="capture the boundaries the contract declares (see `eaglewire ids`), or rebuild the data/draft",
         )
     return matches

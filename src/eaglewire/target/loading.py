@@ -87,7 +87,9 @@ def check_target_dir(path: Path) -> dict[str, Any]:
         raise TargetFilesError(f"target {path}: expected a Hugging Face model directory or a .gguf file")
     cfg_path = path / "config.json"
     if not cfg_path.exists():
-        raise TargetFilesError(f"target {path}: config.json missing", fix="point --target at the model directory")
+        raise TargetFilesError(
+            f"target {path}: config.json missing", fix="point --target at the model directory"
+        )
     cfg = read_json_file(cfg_path)
     archs = cfg.get("architectures") or [None]
     check_architecture(archs[0], where=str(cfg_path))

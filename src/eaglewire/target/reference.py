@@ -72,7 +72,9 @@ def reference_dir(ref: ReferenceTarget = SMOLLM2, home: Path | None = None) -> P
     return (home or eaglewire_home()) / "targets" / f"{ref.name}-bf16"
 
 
-def ensure_reference_target(ref: ReferenceTarget = SMOLLM2, home: Path | None = None, gguf: Path | None = None) -> Path:
+def ensure_reference_target(
+    ref: ReferenceTarget = SMOLLM2, home: Path | None = None, gguf: Path | None = None
+) -> Path:
     """Return the bf16 safetensors directory, converting from the GGUF on first use."""
     from eaglewire.target.gguf import convert_gguf_to_safetensors
 

@@ -286,7 +286,11 @@ class Trainer:
         try:
             while self.step < self.total_steps and self.epoch < cfg.epochs:
                 if cfg.max_seconds and self._out_of_time(time.perf_counter() - started):
-                    log.info("wall-time budget of %.0f s reached after optimizer step %d", cfg.max_seconds, self.step)
+                    log.info(
+                        "wall-time budget of %.0f s reached after optimizer step %d",
+                        cfg.max_seconds,
+                        self.step,
+                    )
                     break
                 groups = self.plans[self.epoch]
                 if self.group >= len(groups):

@@ -43,8 +43,15 @@ def test_defaults_without_ids():
     assert json.loads(r.output)["boundaries"] == [2, 15, 27]
 
 
-@pytest.mark.parametrize("args", [["-L", "30", "--from", "vllm", "3,3"], ["-L", "30", "--from", "vllm", "31"],
-                                  ["-L", "30", "--from", "nope", "1"], ["-L", "30", "x,y"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-L", "30", "--from", "vllm", "3,3"],
+        ["-L", "30", "--from", "vllm", "31"],
+        ["-L", "30", "--from", "nope", "1"],
+        ["-L", "30", "x,y"],
+    ],
+)
 def test_invalid_input_exits_2_with_reason(args):
     proc = subprocess.run([sys.executable, "-m", "eaglewire", "ids", *args], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr

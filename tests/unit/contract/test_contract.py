@@ -7,8 +7,15 @@ from eaglewire.errors import ConfigError, ContractMismatchError
 
 
 def identity(**kw):
-    base = dict(architecture="LlamaForCausalLM", num_layers=30, hidden_size=576, vocab_size=49152,
-                config_hash="c", tokenizer_hash="t", chat_template_hash="h")
+    base = dict(
+        architecture="LlamaForCausalLM",
+        num_layers=30,
+        hidden_size=576,
+        vocab_size=49152,
+        config_hash="c",
+        tokenizer_hash="t",
+        chat_template_hash="h",
+    )
     base.update(kw)
     return TargetIdentity(**base)
 

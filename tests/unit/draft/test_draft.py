@@ -23,8 +23,15 @@ def setup(request):
 def test_shapes_and_names(setup):
     target, contract, draft = setup
     names = set(draft.state_dict())
-    assert {"fc.weight", "layer.hidden_norm.weight", "layer.self_attn.q_proj.weight", "lm_head.weight",
-            "draft_to_target", "embed_tokens.weight", "norm.weight"} <= names
+    assert {
+        "fc.weight",
+        "layer.hidden_norm.weight",
+        "layer.self_attn.q_proj.weight",
+        "lm_head.weight",
+        "draft_to_target",
+        "embed_tokens.weight",
+        "norm.weight",
+    } <= names
     assert draft.fc.weight.shape == (draft.config.hidden_size, contract.num_aux * target.hidden_size)
     assert draft.layer.self_attn.q_proj.in_features == 2 * draft.config.hidden_size
     torch.testing.assert_close(draft.embed_tokens.weight, target.model.model.embed_tokens.weight)
@@ -47,7 +54,9 @@ def test_incremental_kv_equals_full_causal(setup):
     full = draft(ids, hidden, pos).logits
     kv = GrowingKV()
     first = draft(ids[:, :4], hidden[:, :4], pos[:, :4], kv=kv).logits
-    rest = [draft(ids[:, t : t + 1], hidden[:, t : t + 1], pos[:, t : t + 1], kv=kv).logits for t in range(4, 7)]
+    rest = [
+        draft(ids[:, t : t + 1], hidden[:, t : t + 1], pos[:, t : t + 1], kv=kv).logits for t in range(4, 7)
+    ]
     torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, atol=1e-5, rtol=1e-5)
 
 

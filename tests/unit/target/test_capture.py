@@ -32,7 +32,9 @@ def test_pre_norm_final_is_last_layer_output(target):
     ids = torch.randint(0, target.vocab_size, (1, 7))
     captured = {}
     last = target.model.model.layers[-1]
-    h = last.register_forward_hook(lambda m, a, out: captured.setdefault("out", out[0] if isinstance(out, tuple) else out))
+    h = last.register_forward_hook(
+        lambda m, a, out: captured.setdefault("out", out[0] if isinstance(out, tuple) else out)
+    )
     try:
         states = capture_all(target.model, ids)
     finally:

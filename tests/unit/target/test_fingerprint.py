@@ -48,7 +48,9 @@ def test_post_norm_final_is_told_apart(target):
     wrong = dataclasses.replace(
         fp, tensors=(*fp.tensors[:-1], dataclasses.replace(fp.tensors[-1], norm="pre"))
     )
-    matches = check_fingerprint(dataclasses.replace(contract, fingerprint=wrong), target, raise_on_mismatch=False)
+    matches = check_fingerprint(
+        dataclasses.replace(contract, fingerprint=wrong), target, raise_on_mismatch=False
+    )
     assert matches[-1].best == StateKey(12, "post")
     assert not matches[-1].ok
 

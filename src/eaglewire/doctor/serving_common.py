@@ -57,6 +57,42 @@ def served_draft_source(
     return None, "no draft path in the serving config and no --draft: layer ids unchecked"
 
 
+def loadable_draft_source(
+    path_text: str | None,
+    fallback: DraftSource | None,
+    num_layers: int | None,
+    result: CheckResult,
+    *,
+    engine: str,
+    declared: str,
+    expected_format: str,
+) -> DraftSource | None:
+    """The engine-format draft whose layer ids can be checked, or None (with a note or a finding in `result`).
+
+    engine: "sglang" | "vllm"; declared: how the serving config names the path (for the finding)."""
+    source, note = served_draft_source(path_text, fallback)
+    if note:
+        result.notes.append(note)
+    if source is None or num_layers is None:
+        if num_layers is None:
+            result.notes.append("target layer count unknown (no --target, no contract): layer ids unchecked")
+        return None
+    if source.kind == "eaglewire":
+        name = "SGLang" if engine == "sglang" else "vLLM"
+        result.findings.append(
+            Finding(
+                check=f"serving.{engine}.draft_format",
+                severity="error",
+                what=f"{name} is pointed at an eaglewire draft directory, which it cannot load",
+                declared=declared,
+                actual=f"format eaglewire-eagle3 ({expected_format})",
+                fix=f"eaglewire export --draft {source.path} --format {engine} --out <dir>, and serve <dir>",
+            )
+        )
+        return None
+    return source
+
+
 def reading_row(r: ServedReading, num_layers: int) -> Row:
     ids = "absent (engine defaults)" if r.ids is None else fmt_list(r.ids)
     if r.boundaries is None:

@@ -37,8 +37,8 @@ from eaglewire.doctor.serving_common import (
     ServedReading,
     ServingLint,
     compare_reading,
+    loadable_draft_source,
     reading_row,
-    served_draft_source,
 )
 from eaglewire.engine.spec_args import FLAG, sglang_effective_spec_args
 from eaglewire.errors import BoundaryError, ConfigError
@@ -323,24 +323,16 @@ def lint_sglang(
     _spec_rows_and_findings(args, architecture, result)
     if args.other_speculative:
         result.notes.append(f"not linted: {', '.join(sorted(set(args.other_speculative)))}")
-    source, note = served_draft_source(args.draft_model_path, draft)
-    if note:
-        result.notes.append(note)
+    source = loadable_draft_source(
+        args.draft_model_path,
+        draft,
+        num_layers,
+        result,
+        engine="sglang",
+        declared=f"--speculative-draft-model-path {args.draft_model_path or (draft.path if draft else '')}",
+        expected_format="no LlamaForCausalLMEagle3 config, no eagle_config",
+    )
     if source is None or num_layers is None:
-        if num_layers is None:
-            result.notes.append("target layer count unknown (no --target, no contract): layer ids unchecked")
-        return ServingLint(result=result, readings=[])
-    if source.kind == "eaglewire":
-        result.findings.append(
-            Finding(
-                check="serving.sglang.draft_format",
-                severity="error",
-                what="SGLang is pointed at an eaglewire draft directory, which it cannot load",
-                declared=f"--speculative-draft-model-path {source.path}",
-                actual="format eaglewire-eagle3 (no LlamaForCausalLMEagle3 config, no eagle_config)",
-                fix=f"eaglewire export --draft {source.path} --format sglang --out <dir>, and serve <dir>",
-            )
-        )
         return ServingLint(result=result, readings=[])
     ids = source.nested_ids
     if ids is None and source.top_ids is not None:

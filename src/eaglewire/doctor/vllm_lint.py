@@ -26,8 +26,8 @@ from eaglewire.doctor.serving_common import (
     ServedReading,
     ServingLint,
     compare_reading,
+    loadable_draft_source,
     reading_row,
-    served_draft_source,
 )
 from eaglewire.errors import BoundaryError, ConfigError
 from eaglewire.typed_config import read_json_file
@@ -140,24 +140,16 @@ def lint_vllm(
                 fix="expect lower acceptance at this temperature (benchmark it), or serve at temperature 0",
             )
         )
-    source, note = served_draft_source(spec.get("model"), draft)
-    if note:
-        result.notes.append(note)
+    source = loadable_draft_source(
+        spec.get("model"),
+        draft,
+        num_layers,
+        result,
+        engine="vllm",
+        declared=f"model={spec.get('model') or (draft.path if draft else '')}",
+        expected_format="not the speculators format",
+    )
     if source is None or num_layers is None:
-        if num_layers is None:
-            result.notes.append("target layer count unknown (no --target, no contract): layer ids unchecked")
-        return ServingLint(result=result, readings=[])
-    if source.kind == "eaglewire":
-        result.findings.append(
-            Finding(
-                check="serving.vllm.draft_format",
-                severity="error",
-                what="vLLM is pointed at an eaglewire draft directory, which it cannot load",
-                declared=f"model={source.path}",
-                actual="format eaglewire-eagle3 (not the speculators format)",
-                fix=f"eaglewire export --draft {source.path} --format vllm --out <dir>, and serve <dir>",
-            )
-        )
         return ServingLint(result=result, readings=[])
     readings = vllm_readings(source, num_layers, trained)
     for r in readings:

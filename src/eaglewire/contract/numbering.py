@@ -104,6 +104,11 @@ def default_boundaries(num_layers: int) -> tuple[int, ...]:
     return picked
 
 
+def all_boundaries(num_layers: int) -> range:
+    """Every boundary of an L-layer target: 0 (embedding output) .. L (last layer output)."""
+    return range(num_layers + 1)  # inclusive of L
+
+
 def validate_boundaries(
     boundaries: Sequence[int], num_layers: int, *, what: str = "aux boundaries"
 ) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ newer releases, python/sglang/srt/arg_groups/speculative_hook.py; re-check on a 
   flashinfer, fa3, triton in current releases (older releases: flashinfer only).
 
 Layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids`; releases before PR
-#25454 capture boundary id + 1, releases with it add 1 only when the first id is 1
+#25454 read every id as "output of layer id", releases with it do so only when the first id is 1
 (`eaglewire.contract.numbering.read_sglang_both`). No ids: SGLang captures boundaries
 [2, L//2, L-3]. Stock SGLang cannot capture the embedding (boundary 0, the field reports' `-1`).
 """

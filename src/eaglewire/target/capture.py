@@ -18,6 +18,7 @@ from torch import nn
 
 from eaglewire.contract.contract import FinalState
 from eaglewire.contract.fingerprint import StateKey
+from eaglewire.contract.numbering import all_boundaries
 from eaglewire.target.architectures import target_parts
 
 
@@ -105,7 +106,7 @@ def capture(
 
 def all_state_keys(num_layers: int) -> list[StateKey]:
     """Every boundary 0..L pre-norm plus the post-norm final state."""
-    return [StateKey(b, "pre") for b in range(num_layers + 1)] + [StateKey(num_layers, "post")]
+    return [StateKey(b, "pre") for b in all_boundaries(num_layers)] + [StateKey(num_layers, "post")]
 
 
 @torch.no_grad()

@@ -88,7 +88,7 @@ def ttt_unroll(
 ) -> Iterator[DraftOutput]:
     """Yield the draft's output for steps 0..num_steps-1.
 
-    input_ids, positions, doc_ids [B, T] (positions restart per record, doc_ids -1 on padding),
+    input_ids, positions, doc_ids [B, T] (positions restart per record, doc_ids = -1 on padding),
     aux [B, T, A*Ht]. Each yielded DraftOutput has hidden [B, T, H] and logits [B, T, Vd]; row t
     of step s predicts x[t+2+s] (see the module docstring). Rows whose shifted inputs leave their
     record produce values that no in-range row ever attends to; mask them with `step_in_range`.

@@ -82,8 +82,6 @@ def quickstart(
 
     name = preset or ("gpu" if torch.cuda.is_available() else "cpu")
     chosen = get_preset(name, chitchat_conversations=chitchat, epochs=epochs)
-    if chosen.device == "cpu":
-        torch.set_num_threads(max(torch.get_num_threads(), 1))
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")
     if not (out_dir / "target.json").exists():

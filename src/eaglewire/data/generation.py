@@ -107,6 +107,9 @@ def pick_generate_fn() -> GenerateFn:
         if e.name not in ("eaglewire.engine.plain", "eaglewire.engine"):
             raise
         return hf_generate
+    reused = getattr(module, "ReusedRunnerGenerate", None)
+    if reused is not None:
+        return reused()  # one runner for the whole regeneration, not one per batch
     fn = getattr(module, "generate_plain", None)
     return fn if fn is not None else hf_generate
 

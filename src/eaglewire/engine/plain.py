@@ -30,6 +30,7 @@ PREFILL_TOKEN_BUDGET = 16384  # tokens per prefill forward (B * chunk width)
 # A batch's prompts are right-padded to its longest; a prompt shorter than longest / PAD_RATIO starts a
 # new batch, so one long outlier cannot multiply the prefill cost of a whole batch.
 PAD_RATIO = 2.0
+RUNNER_LENGTH_STEP = 256  # a reused runner's max_seq_len grows in these steps
 DEFAULT_MAX_BATCH = 256
 
 
@@ -271,3 +272,49 @@ def generate_plain(
         eos_token_ids,
         max_batch_size=max_batch_size,
     ).tokens
+
+
+class ReusedRunnerGenerate:
+    """`generate_plain` over one runner kept across calls, rebuilt only when a call needs more rows or
+    a longer sequence than the current one holds (lengths rounded up to RUNNER_LENGTH_STEP).
+
+    Regeneration calls generation once per batch and turn: with a fresh runner each time, CUDA graphs
+    and compiled code were built again for every batch (and their memory pools piled up)."""
+
+    def __init__(self, max_batch_size: int = DEFAULT_MAX_BATCH) -> None:
+        self.max_batch_size = max_batch_size
+        self.runner: Any = None
+
+    def __call__(
+        self,
+        target: LoadedTarget,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> list[list[int]]:
+        if not prompts:
+            return []
+        need_len = max(len(p) for p in prompts) + max_new_tokens
+        need_rows = min(len(prompts), self.max_batch_size)
+        runner = self.runner
+        if runner is None or runner.max_seq_len < need_len or runner.max_batch_size < need_rows:
+            from eaglewire.target.runtime.factory import make_target_runner
+
+            rows = max(need_rows, runner.max_batch_size if runner is not None else 0)
+            length = -(-need_len // RUNNER_LENGTH_STEP) * RUNNER_LENGTH_STEP
+            self.runner = runner = None  # free the old cache before allocating the new one
+            runner = make_target_runner(target, (), max_batch_size=rows, max_seq_len=length)
+            self.runner = runner
+        return generate_plain(
+            runner,
+            prompts,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            eos_token_ids,
+            max_batch_size=self.max_batch_size,
+        )

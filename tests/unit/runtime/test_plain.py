@@ -89,3 +89,19 @@ def test_length_buckets_keep_outliers_apart():
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     assert length_buckets(order, lengths, max_rows=60) == [[0], [1, 2, 3, 4], [5, 6]]
     assert length_buckets(order, lengths, max_rows=2) == [[0], [1, 2], [3, 4], [5, 6]]
+
+
+def test_reused_runner_is_kept_until_a_call_needs_more() -> None:
+    from eaglewire.engine.plain import ReusedRunnerGenerate
+
+    target = tiny("llama")
+    prompts = _prompts()
+    gen = ReusedRunnerGenerate(max_batch_size=4)
+    first = gen(target, prompts[:3], 6, eos_token_ids=())
+    runner = gen.runner
+    assert runner.max_batch_size == 3 and runner.max_seq_len >= max(LENGTHS[:3]) + 6
+    assert gen(target, prompts[:2], 6, eos_token_ids=()) == first[:2]
+    assert gen.runner is runner  # fewer rows, same length budget: reused
+    everything = gen(target, prompts, 6, eos_token_ids=())  # 6 prompts, 4 rows at a time: rebuilt wider
+    assert gen.runner is not runner and gen.runner.max_batch_size == 4
+    assert everything == generate_plain(target, prompts, 6, eos_token_ids=())

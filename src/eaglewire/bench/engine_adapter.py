@@ -46,7 +46,7 @@ def load_engine(target: LoadedTarget, draft_dir: Path | None, *, max_seq_len: in
     """The batch-1 speculative runner for `target` and the draft in `draft_dir` (None: no draft)."""
     from eaglewire.contract.numbering import default_boundaries
     from eaglewire.draft.io import load_draft
-    from eaglewire.engine.api import check_draft_fits_target, eos_ids, make_runner
+    from eaglewire.engine.api import check_draft_fits_target, make_runner
 
     draft = None
     boundaries: Sequence[int] = default_boundaries(target.num_layers)
@@ -55,7 +55,7 @@ def load_engine(target: LoadedTarget, draft_dir: Path | None, *, max_seq_len: in
         check_draft_fits_target(contract, target)
         boundaries = contract.aux_boundaries
     runner = make_runner(target, boundaries, "auto", max_seq_len=max_seq_len)
-    return Engine(target, runner, draft, tuple(eos_ids(target)), max_seq_len)
+    return Engine(target, runner, draft, target.eos_token_ids, max_seq_len)
 
 
 def speculative_fn(engine: Engine, spec: SpecArgs | None) -> Callable[[list[int], int], Outcome]:

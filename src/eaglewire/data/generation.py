@@ -115,21 +115,11 @@ def pick_generate_fn() -> GenerateFn:
 
 
 def eos_ids(target: LoadedTarget) -> list[int]:
-    """End-of-turn ids: the tokenizer's eos plus the generation config's (which may be a list)."""
-    ids: list[int] = []
-    tok_eos = getattr(target.tokenizer, "eos_token_id", None)
-    if tok_eos is not None:
-        ids.append(int(tok_eos))
-    gen_cfg = getattr(target.model, "generation_config", None)
-    cfg_eos = getattr(gen_cfg, "eos_token_id", None)
-    if isinstance(cfg_eos, int):
-        ids.append(cfg_eos)
-    elif isinstance(cfg_eos, Sequence):
-        ids.extend(int(i) for i in cfg_eos)
-    ids = list(dict.fromkeys(ids))
+    """The target's end-of-turn ids; generation without any is refused (it could never stop)."""
+    ids = list(target.eos_token_ids)
     if not ids:
         raise ConfigError(
-            f"target {target.path}: no eos token in its tokenizer or generation config; generation cannot stop",
+            f"target {target.path}: no eos token in its tokenizer, config or generation config; generation cannot stop",
             fix="set eos_token in the tokenizer config",
         )
     return ids

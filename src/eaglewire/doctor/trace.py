@@ -25,7 +25,7 @@ from torch import nn
 from eaglewire.contract.contract import Contract
 from eaglewire.contract.numbering import describe_boundary
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.engine.api import RunnerKind, eos_ids, make_runner
+from eaglewire.engine.api import RunnerKind, make_runner
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.interfaces import TargetForward, TargetRunner
 from eaglewire.engine.sampling import SamplingParams
@@ -202,7 +202,7 @@ def run_trace(
             drafter,
             ids,
             sampling=SamplingParams(),
-            stop=StopRule(max_new_tokens=max_new_tokens, eos_token_ids=frozenset(eos_ids(target))),
+            stop=StopRule(max_new_tokens=max_new_tokens, eos_token_ids=frozenset(target.eos_token_ids)),
         )
     finally:
         drafter.close()

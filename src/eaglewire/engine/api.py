@@ -160,7 +160,7 @@ class SpeculativeDecoder:
             draft_model,
             spec,
             tokenizer=loaded.tokenizer,
-            eos_token_ids=eos_ids(loaded),
+            eos_token_ids=loaded.eos_token_ids,
         )
 
     def encode(self, prompt: str, *, chat: bool = True) -> list[int]:
@@ -223,21 +223,6 @@ class SpeculativeDecoder:
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
-
-
-def eos_ids(target: LoadedTarget) -> list[int]:
-    """The target's end-of-generation ids: generation_config / config eos, plus the tokenizer's."""
-    ids: set[int] = set()
-    for source in (getattr(target.model, "generation_config", None), target.config):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, list | tuple):
-            ids.update(int(e) for e in eos)
-    tok_eos = getattr(target.tokenizer, "eos_token_id", None) if target.tokenizer is not None else None
-    if isinstance(tok_eos, int):
-        ids.add(tok_eos)
-    return sorted(ids)
 
 
 def generate(

@@ -62,6 +62,21 @@ class LoadedTarget:
         return int(self.config.vocab_size)
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """End-of-generation ids, sorted: the generation config's, the model config's and the tokenizer's eos."""
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config):
+            eos = getattr(source, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, list | tuple):
+                ids.update(int(e) for e in eos)
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        if isinstance(tok_eos, int):
+            ids.add(tok_eos)
+        return tuple(sorted(ids))
+
+    @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 

@@ -19,7 +19,7 @@ from eaglewire.engine.interfaces import TargetForward
 from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.target.capture import hooked_states
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.runner import check_boundaries, eos_ids_of
+from eaglewire.target.runtime.runner import check_boundaries
 
 
 @contextmanager
@@ -59,7 +59,7 @@ class GenericTargetRunner:
         self.device = target.device
         self.dtype = target.dtype
         self.aux_boundaries = check_boundaries(aux_boundaries, self.num_layers)
-        self.eos_token_ids = eos_ids_of(self.model.config)
+        self.eos_token_ids = target.eos_token_ids
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self._mla = [

@@ -29,14 +29,6 @@ log = logging.getLogger(__name__)
 _CODE_IDS = itertools.count()
 
 
-def eos_ids_of(config: Any) -> tuple[int, ...]:
-    """The target config's eos id(s) as a tuple (empty when it has none)."""
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in eos) if isinstance(eos, list | tuple) else (int(eos),)
-
-
 def check_boundaries(aux_boundaries: Sequence[int], num_layers: int) -> tuple[int, ...]:
     bounds = tuple(int(b) for b in aux_boundaries)
     bad = [b for b in bounds if not 0 <= b <= num_layers]
@@ -116,7 +108,7 @@ class FastTargetRunner:
         self.device = self.weights.embed.device
         self.dtype = self.weights.embed.dtype
         self.aux_boundaries = check_boundaries(aux_boundaries, spec.num_layers)
-        self.eos_token_ids = eos_ids_of(model.config)
+        self.eos_token_ids = target.eos_token_ids
         self.copy_outputs = copy_outputs
         self.graph_max_new_tokens = graph_max_new_tokens
         self.cache = StaticKVCache(

@@ -75,22 +75,21 @@ def quickstart(
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
     import torch
 
-    from eaglewire.recipes.inspect_target import inspect_target
     from eaglewire.recipes.presets import get_preset
     from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
-    from eaglewire.target.loading import load_target
 
     name = preset or ("gpu" if torch.cuda.is_available() else "cpu")
     chosen = get_preset(name, chitchat_conversations=chitchat, epochs=epochs)
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")
-    if not (out_dir / "target.json").exists():
-        show_target_report(inspect_target(load_target(target, dtype=chosen.target_dtype)))
 
     def announce(stage: str) -> None:
         console.print(f"[bold cyan]stage {STAGES.index(stage) + 1}/{len(STAGES)}: {stage}[/]")
 
-    summary = run_quickstart(QuickstartRun(preset=chosen, out_dir=out_dir, target=target, on_stage=announce))
+    run = QuickstartRun(
+        preset=chosen, out_dir=out_dir, target=target, on_stage=announce, on_target_report=show_target_report
+    )
+    summary = run_quickstart(run)
     if as_json:
         print_json(summary)
     else:

@@ -40,6 +40,7 @@ class QuickstartRun:
     target: str = TARGET
     stages: list[StageLog] = field(default_factory=list)
     on_stage: Callable[[str], None] | None = None
+    on_target_report: Callable[[Any], None] | None = None  # gets the TargetReport when the target stage runs
 
     def path(self, *parts: str) -> Path:
         return self.out_dir.joinpath(*parts)
@@ -279,6 +280,8 @@ def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
 
     def target_stage() -> dict[str, Any]:
         report = inspect_target(loaded)
+        if run.on_target_report is not None:
+            run.on_target_report(report)
         return {
             "contract": report.contract.to_json(),
             "engine_ids": report.engine_ids,

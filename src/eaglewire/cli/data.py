@@ -61,6 +61,9 @@ def regenerate_cmd(
     dtype: str = typer.Option("bfloat16", "--dtype"),
     device: str = typer.Option("cpu", "--device"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    max_seconds: float = typer.Option(
+        0.0, "--max-seconds", help="start no new batch after this long (0 = no budget); rerun to resume"
+    ),
 ) -> None:
     """The target answers every user turn (EAGLE-3's self-distillation); output is JSONL again."""
     from dataclasses import replace
@@ -100,6 +103,7 @@ def regenerate_cmd(
         chat_template=chat_template,
         max_prompt_tokens=max_prompt_tokens,
         show_progress=progress,
+        max_seconds=max_seconds,
     )
     print_table(
         f"regenerated into {out}",
@@ -111,6 +115,7 @@ def regenerate_cmd(
             ["answers / cut at max tokens", f"{stats.answers} / {stats.answers_cut_at_max_tokens}"],
             ["generated tokens", stats.generated_tokens],
             ["tokens/s", f"{stats.tokens_per_second:.1f}"],
+            ["stopped at --max-seconds (rerun resumes)", stats.stopped_at_time_budget],
             ["skipped input (malformed/empty)", f"{read_stats.skipped_malformed}/{read_stats.skipped_empty}"],
             ["backend", stats.backend],
         ],

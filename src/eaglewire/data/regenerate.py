@@ -53,6 +53,7 @@ class RegenerateStats:
     conversations_cut_at_context: int = 0
     generated_tokens: int = 0
     seconds: float = 0.0
+    stopped_at_time_budget: bool = False  # max_seconds ran out: a rerun with more time resumes
     backend: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -190,8 +191,12 @@ def regenerate(
     max_prompt_tokens: int | None = None,
     show_progress: bool = True,
     generate_fn: GenerateFn | None = None,
+    max_seconds: float = 0.0,
 ) -> RegenerateStats:
     """Answer every user turn of `conversations` with `target`; append rows to `output` (JSONL).
+
+    max_seconds > 0 starts no new batch once that much time has passed (one batch always runs):
+    the rows written so far are complete conversations, and a later call with the same input resumes after them.
 
     Output rows: `{"id", "messages": [...], "finish": ["stop"|"length", ...]}` (OpenAI format, read
     back by `formats.read_conversations`).
@@ -231,6 +236,16 @@ def regenerate(
             batch = conversations[k : k + B]
             if all(c.record_id in done for c in batch):
                 continue
+            if max_seconds and stats.answers and time.perf_counter() - start >= max_seconds:
+                stats.stopped_at_time_budget = True
+                log.warning(
+                    "regeneration stopped at its %.0f s budget after %d of %d conversations; "
+                    "rerun to continue",
+                    max_seconds,
+                    len(done),
+                    len(conversations),
+                )
+                break
             rows = _answer_batch(target, batch, template, sampling, k // B, max_prompt_tokens, fn, stats)
             for row in rows:
                 if row["id"] in done:

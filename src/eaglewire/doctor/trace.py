@@ -121,7 +121,7 @@ class TracingDrafter(Drafter):
     """A Drafter that records its inputs, the fc output and the draft layer's output on every call."""
 
     def __init__(self, draft: Eagle3Draft, spec: SpecArgs, stages: list[dict[str, Any]]) -> None:
-        super().__init__(draft, spec)
+        super().__init__(draft, spec, cuda_graphs=False)  # hooks do not fire inside replayed graphs
         self.stages = stages
         self.phase = "draft"
         self.rounds = 0

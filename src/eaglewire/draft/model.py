@@ -153,6 +153,9 @@ class Eagle3Draft(nn.Module):
         return self.fc(aux)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rope_inv_freq.device != positions.device:
+            # moved once, outside any CUDA graph capture: a host-to-device copy cannot be captured
+            self.rope_inv_freq = self.rope_inv_freq.to(positions.device)
         return rope_cos_sin(self.rope_inv_freq, positions, self.rope_scaling, dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -126,7 +126,8 @@ class SpeculativeDecoder:
         self.runner = runner
         self.draft = draft
         self.spec = spec
-        self.drafter = None if draft is None else Drafter(draft, spec)
+        max_seq_len = getattr(runner, "max_seq_len", None)
+        self.drafter = None if draft is None else Drafter(draft, spec, max_seq_len=max_seq_len)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
 

@@ -14,7 +14,7 @@ Each round:
      cache plus the rows of its ancestors. Top-k children per frontier row are scored by
      cumulative log-probability; the best topk of them form the next frontier (SGLang/EAGLE-2
      beam). Finally the best num_draft_tokens - 1 of all candidates form the tree.
-  Tree rows are provisional: the next `extend` truncates the cache back to the committed rows.
+  Tree rows are provisional: the next `extend` writes its rows over them.
 
 Sampled chains (topk = 1, temperature > 0) draw each token from the processed draft
 distribution and keep that distribution for lossless rejection sampling. Trees keep
@@ -24,6 +24,8 @@ masses, which is lossless too. No host synchronisation happens inside `draft`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -33,43 +35,63 @@ from eaglewire.draft.model import DraftOutput, Eagle3Draft
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.tree import DraftTree, root_only, select_nodes
+from eaglewire.errors import ConfigError
+from eaglewire.target.runtime.graphs import GraphCache
+from eaglewire.target.runtime.kv_cache import kv_bucket
+
+log = logging.getLogger(__name__)
 
 INITIAL_CACHE_ROWS = 256
 
 
 class DraftCache:
-    """A `DraftKV` with a committed prefix and provisional rows after it; grows by doubling."""
+    """The draft layer's keys/values in preallocated buffers: a committed prefix, then provisional
+    tree rows. Rows are written at slots given as a device tensor (`write`), so one captured CUDA
+    graph serves every cache length up to its window. `ensure` grows the buffers host-side, before
+    a forward (never inside a graph), keeping what they hold."""
 
-    def __init__(self) -> None:
-        self.key: torch.Tensor | None = None  # [B, nkv, capacity, hd]
-        self.value: torch.Tensor | None = None
-        self.length = 0
+    def __init__(
+        self,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        capacity: int = INITIAL_CACHE_ROWS,
+    ) -> None:
+        self.key = torch.zeros(1, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.value = torch.zeros_like(self.key)  # [1, nkv, capacity, hd]
+        self._slots: torch.Tensor | None = None  # [T] where the next append's rows go
+        self._window = 0  # keys the next append returns: slots 0 .. window-1
+
+    @property
+    def capacity(self) -> int:
+        return int(self.key.shape[2])
+
+    def ensure(self, rows: int) -> bool:
+        """Room for `rows` slots; True when the buffers were reallocated (captured graphs are stale)."""
+        if rows <= self.capacity:
+            return False
+        capacity = max(rows, 2 * self.capacity)
+        old_key, old_value = self.key, self.value
+        self.key = old_key.new_zeros(*old_key.shape[:2], capacity, old_key.shape[3])
+        self.value = torch.zeros_like(self.key)
+        self.key[:, :, : old_key.shape[2]] = old_key
+        self.value[:, :, : old_value.shape[2]] = old_value
+        return True
+
+    def write(self, slots: torch.Tensor, window: int) -> None:
+        """Set where the next `append` stores its rows ([T] slots) and how many slots it returns."""
+        self._slots, self._window = slots, window
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new [B, nkv, T, hd] keys/values; return views of all [B, nkv, length, hd]."""
-        new_length = self.length + key.shape[2]
-        if self.key is None or self.value is None or new_length > self.key.shape[2]:
-            self._grow(key, value, new_length)
-        assert self.key is not None and self.value is not None
-        self.key[:, :, self.length : new_length] = key
-        self.value[:, :, self.length : new_length] = value
-        self.length = new_length
-        return self.key[:, :, :new_length], self.value[:, :, :new_length]
-
-    def _grow(self, key: torch.Tensor, value: torch.Tensor, needed: int) -> None:
-        capacity = max(INITIAL_CACHE_ROWS, needed, 2 * (0 if self.key is None else self.key.shape[2]))
-        B, nkv, _, hd = key.shape
-        new_key = key.new_empty(B, nkv, capacity, hd)
-        new_value = value.new_empty(B, nkv, capacity, value.shape[-1])
-        if self.key is not None and self.value is not None and self.length:
-            new_key[:, :, : self.length] = self.key[:, :, : self.length]
-            new_value[:, :, : self.length] = self.value[:, :, : self.length]
-        self.key, self.value = new_key, new_value
-
-    def truncate(self, length: int) -> None:
-        if length > self.length:
-            raise ValueError(f"cannot truncate the draft cache to {length} rows: it holds {self.length}")
-        self.length = length
+        """Store new [1, nkv, T, hd] keys/values at the slots set by `write`; return the first
+        `window` slots [1, nkv, W, hd] (the caller's mask hides those not meaningful yet)."""
+        if self._slots is None:
+            raise RuntimeError("DraftCache.append before write(): where the rows go is not set")
+        self.key.index_copy_(2, self._slots, key)
+        self.value.index_copy_(2, self._slots, value)
+        return self.key[:, :, : self._window], self.value[:, :, : self._window]
 
 
 @dataclass
@@ -116,9 +138,23 @@ class _Frontier:
 
 
 class Drafter:
-    """Batch 1. Owns the draft's cache; `extend` after every verification, then `draft`."""
+    """Batch 1. Owns the draft's cache; `extend` after every verification, then `draft_tree`.
 
-    def __init__(self, draft: Eagle3Draft, spec: SpecArgs) -> None:
+    The host tracks only how many cache rows are committed (known after every verification);
+    each forward reads the committed count, root and positions from small device buffers. So on
+    CUDA every extend of a few rows and every tree runs as one replayed CUDA graph per (rows,
+    attended window) bucket; on CPU the same functions run eagerly (the path the tests pin).
+    Sampled chains draw with a generator and always run eagerly.
+    """
+
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        spec: SpecArgs,
+        *,
+        max_seq_len: int | None = None,
+        cuda_graphs: bool | None = None,
+    ) -> None:
         if spec.topk > draft.config.draft_vocab_size:
             raise ValueError(
                 f"topk={spec.topk} exceeds the draft vocabulary ({draft.config.draft_vocab_size})"
@@ -129,31 +165,61 @@ class Drafter:
         self.dtype = next(draft.parameters()).dtype
         self.vocab_size = draft.config.vocab_size
         self.draft_to_target = cast(torch.Tensor, draft.draft_to_target)  # [Vd] absolute target ids
-        self.cache = DraftCache()
+        self.tree_rows = spec.topk * (spec.num_steps - 1)  # provisional rows one round writes
+        capacity = INITIAL_CACHE_ROWS if max_seq_len is None else max_seq_len + self.tree_rows
+        cfg = draft.config
+        self.cache = DraftCache(
+            cfg.num_key_value_heads, cfg.head_dim, dtype=self.dtype, device=self.device, capacity=capacity
+        )
+        on_cuda = self.device.type == "cuda"
+        self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        if self.use_graphs and not on_cuda:
+            raise ConfigError("Drafter: cuda_graphs=True needs the draft on CUDA", fix="cuda_graphs=None")
+        self._graphs = GraphCache(self.device) if self.use_graphs else None
+        # Rows of a verified path: at most one per draft step plus the bonus; longer extends
+        # (the prompt) run eagerly.
+        self.graph_max_extend_rows = spec.num_steps + 1
+        self._slots = torch.arange(self.cache.capacity, device=self.device)  # [capacity]
+        self._committed = torch.zeros(1, dtype=torch.long, device=self.device)  # device copy of `committed`
+        self._root_token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._root_position = torch.zeros(1, dtype=torch.long, device=self.device)
+        # frontier row of each of the K*K children (built here: repeat_interleave may sync the host)
+        self._beam_rows = torch.arange(spec.topk, device=self.device).repeat_interleave(spec.topk)
         self.committed = 0  # cache rows that belong to accepted tokens
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_logits: torch.Tensor | None = None  # [Vd] its logits
 
     def reset(self) -> None:
-        self.cache = DraftCache()
         self.committed = 0
         self.last_hidden = self.last_logits = None
 
     @torch.no_grad()
     def extend(self, aux: torch.Tensor, tokens: torch.Tensor, start_position: int) -> None:
-        """aux [n, A*Ht] target states at positions start..start+n-1; tokens [n] the tokens after them."""
+        """aux [n, A*Ht] target states at positions start..start+n-1; tokens [n] the tokens after them.
+        Overwrites the last round's provisional tree rows."""
         if start_position != self.committed:
             raise ValueError(
                 f"draft rows must be contiguous: next row is {self.committed}, got {start_position}"
             )
-        self.cache.truncate(self.committed)  # drop the last round's provisional tree rows
         n = tokens.shape[0]
-        hidden = self.draft.project(aux[None].to(device=self.device, dtype=self.dtype))  # [1, n, H]
-        positions = torch.arange(start_position, start_position + n, device=self.device)[None]
-        out = self.draft(tokens[None].to(self.device), hidden, positions, kv=self.cache, compute_logits=False)
+        window = self._prepare(self.committed + n)
+        aux = aux.to(device=self.device, dtype=self.dtype)
+        tokens = tokens.to(self.device, non_blocking=True)
+        replayed = None
+        if n <= self.graph_max_extend_rows:
+            width = aux.shape[-1]
+            replayed = self._replay(
+                ("extend", n, window),
+                lambda: {
+                    "aux": torch.zeros(n, width, dtype=self.dtype, device=self.device),
+                    "tokens": torch.zeros(n, dtype=torch.long, device=self.device),
+                },
+                lambda inp: self._extend_rows(inp["aux"], inp["tokens"], window),
+                {"aux": aux, "tokens": tokens},
+            )
+        hidden, logits = replayed if replayed is not None else self._extend_rows(aux, tokens, window)
         self.committed += n
-        self.last_hidden = out.hidden[:, -1:]  # [1, 1, H]
-        self.last_logits = self.draft.compute_logits(self.last_hidden)[0, 0].float()  # [Vd]
+        self.last_hidden, self.last_logits = hidden, logits
 
     @torch.no_grad()
     def draft_tree(
@@ -163,28 +229,106 @@ class Drafter:
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> DraftTree:
-        """The tree to verify next: root (not yet in the target cache) at `root_position` plus drafts."""
+        """The tree to verify next: root (not yet in the target cache) at `root_position` plus drafts.
+        With CUDA graphs its tensors are graph buffers: valid until the next `draft_tree`."""
         if self.last_hidden is None or self.last_logits is None:
             return root_only(root_token, self.device)  # nothing to draft from yet (one-token prompt)
+        window = self._prepare(self.committed + self.tree_rows)
+        self._root_token.fill_(root_token)
+        self._root_position.fill_(root_position)
+        replayed = None
+        if not (self.spec.is_chain and not sampling.greedy):
+            hidden_shape = tuple(self.last_hidden.shape)
+            replayed = self._replay(
+                ("tree", window),
+                lambda: {
+                    "hidden": torch.zeros(hidden_shape, dtype=self.dtype, device=self.device),
+                    "logits": torch.zeros(self.draft_to_target.shape[0], device=self.device),
+                },
+                lambda inp: self._tree_tensors(
+                    self._draft_rows(inp["hidden"], inp["logits"], sampling, None, window)
+                ),
+                {"hidden": self.last_hidden, "logits": self.last_logits},
+            )
+        if replayed is None:
+            return self._draft_rows(self.last_hidden, self.last_logits, sampling, generator, window)
+        tokens, parents, depths, scores = replayed
+        return DraftTree(tokens, parents, depths, depth_limit=self.spec.num_steps, scores=scores)
+
+    def _replay(
+        self,
+        key: tuple[object, ...],
+        make_inputs: Callable[[], dict[str, torch.Tensor]],
+        fn: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]],
+        values: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Run `fn` as the CUDA graph for `key` (captured on first use); None when graphs are off.
+        A capture that fails turns graphs off for this drafter, loudly, rather than failing decoding."""
+        if self._graphs is None:
+            return None
+        try:
+            graph = self._graphs.get(key, make_inputs, fn)
+        except RuntimeError as err:
+            log.warning(
+                "draft CUDA graph %s could not be captured (%s); drafting eagerly from now on", key, err
+            )
+            self._graphs = None
+            return None
+        return graph.run(values)
+
+    # -- device work (graph-capturable: no host reads, no allocation that depends on device values) --
+    def _prepare(self, rows: int) -> int:
+        """Room for `rows` cache rows; publish `committed` to the device; return the attended window."""
+        if self.cache.ensure(rows):
+            self._slots = torch.arange(self.cache.capacity, device=self.device)
+            if self._graphs is not None:
+                self._graphs.clear()  # captured graphs point at the old buffers
+        self._committed.fill_(self.committed)
+        return kv_bucket(rows, self.cache.capacity)
+
+    def _extend_rows(
+        self, aux: torch.Tensor, tokens: torch.Tensor, window: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Commit n rows at cache slots committed.. (a row's slot is its position) -> (hidden of the
+        last row [1, 1, H], its logits [Vd] float32)."""
+        n = tokens.shape[0]
+        positions = self._committed + self._slots[:n]  # [n]
+        self.cache.write(positions, window)
+        mask = self._slots[:window][None, :] <= positions[:, None]  # [n, W] causal over committed rows
+        hidden = self.draft.project(aux[None])  # [1, n, H]
+        out = self.draft(
+            tokens[None], hidden, positions[None], kv=self.cache, mask=mask, compute_logits=False
+        )
+        last = out.hidden[:, -1:]  # [1, 1, H]
+        return last, self.draft.compute_logits(last)[0, 0].float()
+
+    def _draft_rows(
+        self,
+        last_hidden: torch.Tensor,
+        last_logits: torch.Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        window: int,
+    ) -> DraftTree:
+        """num_steps - 1 draft forwards of the beam, then EAGLE-2 selection (see the module doc)."""
         K = self.spec.topk
         pool = _Pool()
-
-        ids, logp, q = self._children(self.last_logits[None], sampling, generator)  # [1, K] each
+        ids, logp, q = self._children(last_logits[None], sampling, generator)  # [1, K] each
         tokens = self.draft_to_target[ids[0]]  # [K] target ids
         no_parent = torch.full((K,), -1, device=self.device)
         frontier = _Frontier(
             index=pool.add(tokens, logp[0], no_parent, depth=1, q=q),
             scores=logp[0],
             tokens=tokens,
-            hidden=self.last_hidden.expand(1, K, -1),  # depth-1 nodes continue the last committed row
+            hidden=last_hidden.expand(1, K, -1),  # depth-1 nodes continue the last committed row
             sees=torch.zeros(K, 0, dtype=torch.bool, device=self.device),
         )
         for depth in range(1, self.spec.num_steps):
-            out, sees = self._feed(frontier, position=root_position + depth - 1)
+            out, sees = self._feed(frontier, depth, window)
             ids, logp, q = self._children(out.logits[0], sampling, generator)  # [K, K] each
             scores = (frontier.scores[:, None] + logp).flatten()  # [K*K] cumulative log-probs
             tokens = self.draft_to_target[ids].flatten()  # [K*K]
-            row = torch.arange(K, device=self.device).repeat_interleave(K)  # frontier row of each child
+            row = self._beam_rows  # [K*K] frontier row of each child
             index = pool.add(tokens, scores, frontier.index[row], depth=depth + 1, q=q)
             best = torch.sort(scores, descending=True, stable=True).indices[:K]  # the next beam
             frontier = _Frontier(
@@ -194,37 +338,46 @@ class Drafter:
                 hidden=out.hidden[:, row[best]],
                 sees=sees[row[best]],
             )
-        return self._select(pool, root_token)
+        return self._select(pool)
 
-    def _feed(self, frontier: _Frontier, position: int) -> tuple[DraftOutput, torch.Tensor]:
-        """Run the frontier as K new draft rows at `position`; each sees the committed rows, its
-        ancestors' rows and itself. Returns the output and the rows each new row sees [K, R+K]."""
-        K = frontier.tokens.shape[0]
+    def _feed(self, frontier: _Frontier, depth: int, window: int) -> tuple[DraftOutput, torch.Tensor]:
+        """Run the frontier (nodes of depth `depth`) as K new rows after this round's R earlier tree
+        rows; each sees the committed rows, its ancestors' rows and itself. Returns the output
+        and the tree rows each new row sees [K, R+K]."""
+        K, R = frontier.tokens.shape[0], frontier.sees.shape[1]
         sees = torch.cat([frontier.sees, torch.eye(K, dtype=torch.bool, device=self.device)], dim=1)
-        committed = torch.ones(K, self.committed, dtype=torch.bool, device=self.device)
-        mask = torch.cat([committed, sees], dim=1)  # [K, S] over every key in the cache
-        positions = torch.full((1, K), position, device=self.device)
+        self.cache.write(self._committed + R + self._slots[:K], window)
+        tree_row = (
+            self._slots[:window] - self._committed
+        )  # [W] slot -> row of this round's tree (<0: committed)
+        in_tree = (tree_row >= 0) & (tree_row < R + K)
+        mask = (tree_row < 0)[None, :] | (sees[:, tree_row.clamp(0, R + K - 1)] & in_tree[None, :])  # [K, W]
+        positions = (self._root_position + (depth - 1)).expand(1, K)  # [1, K]
         out = self.draft(frontier.tokens[None], frontier.hidden, positions, kv=self.cache, mask=mask)
         return out, sees
 
-    def _select(self, pool: _Pool, root_token: int) -> DraftTree:
+    def _select(self, pool: _Pool) -> DraftTree:
         """EAGLE-2 reranking: the best num_draft_tokens - 1 candidates, under the root."""
         scores = torch.cat(pool.scores)
         kept, parents = select_nodes(scores, torch.cat(pool.parents), self.spec.num_draft_tokens - 1)
-        root = torch.full((1,), root_token, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         draft_probs = None
         if pool.q:  # a sampled chain: row 0 (the root) was not drafted
             no_q = torch.zeros(1, self.vocab_size, device=self.device)
             draft_probs = torch.cat([no_q, torch.cat(pool.q)[kept]])
         return DraftTree(
-            tokens=torch.cat([root, torch.cat(pool.tokens)[kept]]),
+            tokens=torch.cat([self._root_token, torch.cat(pool.tokens)[kept]]),
             parents=parents,
             depths=torch.cat([zero, torch.cat(pool.depths)[kept]]),
             depth_limit=self.spec.num_steps,
             draft_probs=draft_probs,
             scores=torch.cat([zero.float(), scores[kept]]),
         )
+
+    @staticmethod
+    def _tree_tensors(tree: DraftTree) -> tuple[torch.Tensor, ...]:
+        assert tree.scores is not None
+        return tree.tokens, tree.parents, tree.depths, tree.scores
 
     def _children(
         self, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None

@@ -27,6 +27,10 @@ class QuickstartPreset:
         "own answers, the target's distribution still being the label (online training)"
     )
     train_max_seconds: float = help_field("wall-time budget of the training stage (0 = epochs decide)")
+    regen_max_seconds: float = help_field(
+        "time budget for regenerating the training conversations (0 = all of them); the held-out ones "
+        "are always regenerated whole"
+    )
     regen_max_new_tokens: int = help_field("longest regenerated answer")
     regen_temperature: float = help_field("regeneration temperature (0 = the target's greedy answers)")
     regen_batch_size: int = help_field("conversations regenerated together")
@@ -64,6 +68,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         user_turns=1,
         regenerate=True,
         train_max_seconds=0.0,
+        regen_max_seconds=0.0,
         regen_max_new_tokens=12,
         regen_temperature=0.0,
         regen_batch_size=8,
@@ -94,6 +99,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         user_turns=1,
         regenerate=True,
         train_max_seconds=0.0,
+        regen_max_seconds=0.0,
         regen_max_new_tokens=96,
         regen_temperature=0.0,
         regen_batch_size=60,
@@ -118,14 +124,14 @@ PRESETS: dict[str, QuickstartPreset] = {
         name="gpu",
         device="cuda",
         target_dtype="bfloat16",
-        chitchat_conversations=2500,
+        chitchat_conversations=4000,
         humaneval_problems=131,
         magpie_prompts=0,
-        user_turns=4,
-        # One H200 session measured batched regeneration at only ~1.4k tok/s (a runner per batch); until
-        # that is fixed the GPU preset trains on the data sets' answers with the target's labels.
-        regenerate=False,
-        train_max_seconds=200.0,
+        user_turns=2,
+        regenerate=True,
+        # regenerate -> train -> eval must fit 20 minutes on one H200
+        train_max_seconds=480.0,
+        regen_max_seconds=200.0,
         regen_max_new_tokens=256,
         regen_temperature=0.0,
         regen_batch_size=256,
@@ -144,7 +150,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         tree_topk=4,
         tree_num_draft_tokens=16,
         hf_baseline_sets=("mt-bench",),
-        timing_repeats=3,
+        timing_repeats=2,
     ),
 }
 

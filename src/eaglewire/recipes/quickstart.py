@@ -116,8 +116,9 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
             jsonl = run.path("data", f"{split}.jsonl")
             # Prompts longer than a training row could not be trained on whole anyway.
             max_prompt = p.max_length - p.regen_max_new_tokens
+            budget = p.regen_max_seconds if split == "train" else 0.0
             regen_tps = regenerate(
-                loaded, convs, jsonl, sampling, max_prompt_tokens=max_prompt
+                loaded, convs, jsonl, sampling, max_prompt_tokens=max_prompt, max_seconds=budget
             ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)

@@ -153,3 +153,17 @@ def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
     out.write_text('{"id": "a", "messages": []}\nnot json\n{"id": "b", "messages": []}\n')
     with pytest.raises(DataFormatError, match=r"o\.jsonl:2: not a regenerated record"):
         scan_output(out)
+
+
+def test_time_budget_stops_between_batches_and_a_rerun_resumes(tmp_path: Path) -> None:
+    target = make_tiny_target("llama", num_layers=2)
+    convs = [Conversation(f"c{i}", (Message("user", f"question number {i}"),)) for i in range(4)]
+    cfg = SamplingConfig(max_new_tokens=3, temperature=0.0, top_p=1.0, seed=0, batch_size=2)
+    out = tmp_path / "out.jsonl"
+    # a budget already spent once the first batch is written: exactly one batch, then a stop
+    first = regenerate(target, convs, out, cfg, show_progress=False, max_seconds=1e-9)
+    assert first.stopped_at_time_budget and first.written == 2
+    rest = regenerate(target, convs, out, cfg, show_progress=False)
+    assert not rest.stopped_at_time_budget and rest.written == 2 and rest.already_done == 2
+    regenerate(target, convs, tmp_path / "whole.jsonl", cfg, show_progress=False)
+    assert out.read_text() == (tmp_path / "whole.jsonl").read_text()

@@ -132,15 +132,31 @@ def test_sampled_chain_records_its_draft_distribution(tiny, rows):
     assert tree.parents.tolist() == [-1, 0, 1, 2]
 
 
-def test_draft_cache_truncates_and_grows():
-    cache = DraftCache()
-    k = torch.randn(1, 2, 300, 4)
-    keys, _ = cache.append(k[:, :, :200], k[:, :, :200])
-    assert keys.shape[2] == 200
-    keys, values = cache.append(k[:, :, 200:], k[:, :, 200:])  # grows past the initial capacity
-    torch.testing.assert_close(keys, k)
-    cache.truncate(150)
+def test_draft_cache_writes_at_slots_and_grows_keeping_rows():
+    cache = DraftCache(2, 4, dtype=torch.float32, device=torch.device("cpu"), capacity=8)
+    k = torch.randn(1, 2, 12, 4)
+    cache.write(torch.arange(6), window=6)
+    keys, _ = cache.append(k[:, :, :6], k[:, :, :6])
+    torch.testing.assert_close(keys, k[:, :, :6])
+    assert not cache.ensure(8) and cache.ensure(12) and cache.capacity == 16  # doubles
+    cache.write(torch.arange(6, 12), window=12)
+    keys, values = cache.append(k[:, :, 6:], k[:, :, 6:])
+    torch.testing.assert_close(keys, k)  # rows written before growing survived it
+    cache.write(torch.tensor([3]), window=4)  # a provisional row is overwritten in place
     keys, _ = cache.append(k[:, :, :1], k[:, :, :1])
-    assert keys.shape[2] == 151 and torch.equal(keys[:, :, 150], k[:, :, 0])
-    with pytest.raises(ValueError):
-        cache.truncate(500)
+    assert keys.shape[2] == 4 and torch.equal(keys[:, :, 3], k[:, :, 0])
+
+
+def test_drafter_grows_its_cache_past_the_initial_capacity(tiny, trained, rows):
+    """A drafter built for a short sequence still drafts correctly when rows outgrow it."""
+    aux, tokens, root, root_position = rows
+    spec = SpecArgs(3, 2, 6)
+    small = Drafter(trained, spec, max_seq_len=1)
+    big = Drafter(trained, spec, max_seq_len=4096)
+    trees = []
+    for drafter in (small, big):
+        drafter.extend(aux, tokens, start_position=0)
+        trees.append(drafter.draft_tree(root, root_position, SamplingParams()))
+    assert small.cache.capacity >= tokens.shape[0] + small.tree_rows
+    assert trees[0].tokens.tolist() == trees[1].tokens.tolist()
+    torch.testing.assert_close(trees[0].scores, trees[1].scores)

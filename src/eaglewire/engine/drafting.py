@@ -252,8 +252,10 @@ class Drafter:
             )
         if replayed is None:
             return self._draft_rows(self.last_hidden, self.last_logits, sampling, generator, window)
-        tokens, parents, depths, scores = replayed
-        return DraftTree(tokens, parents, depths, depth_limit=self.spec.num_steps, scores=scores)
+        tokens, parents, depths, scores, ancestors = replayed
+        return DraftTree(
+            tokens, parents, depths, depth_limit=self.spec.num_steps, scores=scores, ancestors=ancestors
+        )
 
     def _replay(
         self,
@@ -377,7 +379,7 @@ class Drafter:
     @staticmethod
     def _tree_tensors(tree: DraftTree) -> tuple[torch.Tensor, ...]:
         assert tree.scores is not None
-        return tree.tokens, tree.parents, tree.depths, tree.scores
+        return tree.tokens, tree.parents, tree.depths, tree.scores, tree.ancestor_mask()
 
     def _children(
         self, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None

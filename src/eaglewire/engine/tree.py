@@ -41,6 +41,8 @@ class DraftTree:
     # (row 0 unused). None when nodes are deterministic top-k picks (greedy or tree drafting).
     draft_probs: torch.Tensor | None = None
     scores: torch.Tensor | None = None  # [N] cumulative draft log-probability of each node (root 0)
+    # [N, N] the ancestor mask when the drafter already computed it (inside its CUDA graph)
+    ancestors: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -52,6 +54,8 @@ class DraftTree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """[N, N] bool: [i, j] is True when j == i or j is an ancestor of i."""
+        if self.ancestors is not None:
+            return self.ancestors
         return ancestor_mask(self.parents, max_depth=self.depth_limit)
 
     def children(self) -> list[list[int]]:

@@ -37,9 +37,18 @@ class Verdict:
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
     """target_logits [N, V] for the tree's nodes -> the longest path the target's argmax agrees with."""
-    target_next = target_logits.argmax(dim=-1).tolist()  # one host sync for the whole tree
-    tokens = tree.tokens.tolist()
-    children = tree.children()
+    # one host sync for the whole tree: the target's choices, the drafted tokens and the parents
+    target_next, tokens, parents = torch.stack(
+        [
+            target_logits.argmax(dim=-1),
+            tree.tokens.to(target_logits.device),
+            tree.parents.to(target_logits.device),
+        ]
+    ).tolist()
+    children: list[list[int]] = [[] for _ in tokens]
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(i)
     node, path, emitted = 0, [0], []
     while True:
         want = target_next[node]

@@ -1,0 +1,52 @@
+"""On CUDA, drafting replayed from CUDA graphs gives the same trees and the same greedy text as
+eager drafting, and speculative greedy output still equals plain greedy output (float32).
+
+Runs only where CUDA is present (the device machine): `pytest tests/gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.target.identity import build_contract
+from tests.helpers.tiny import CORPUS, make_tiny_target
+from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS, Tiny, chat_ids, plain_greedy, train_draft
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def cuda_tiny() -> tuple[Tiny, torch.nn.Module]:
+    target = make_tiny_target("llama", num_layers=NUM_LAYERS)
+    contract = build_contract(target, AUX_BOUNDARIES)
+    prompts = [chat_ids(target, text) for text in CORPUS[:3]]
+    references = [plain_greedy(target.model, p, TOKENS) for p in prompts]
+    from eaglewire.draft.init import init_draft
+
+    tiny = Tiny(target, contract, init_draft(target, contract).eval(), prompts, references)
+    trained = train_draft(tiny).eval()
+    target.model.to("cuda")
+    return tiny, trained.to("cuda")
+
+
+@pytest.mark.parametrize("shape", sorted(SPECS))
+def test_graphed_drafting_matches_eager_and_plain(cuda_tiny, shape):
+    tiny, trained = cuda_tiny
+    results = {}
+    for graphs in (False, True):
+        runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "fast", max_seq_len=256)
+        dec = SpeculativeDecoder(runner, trained, SPECS[shape], tokenizer=tiny.target.tokenizer)
+        dec.drafter = Drafter(trained, SPECS[shape], max_seq_len=256, cuda_graphs=graphs)
+        results[graphs] = [dec.generate(p, max_new_tokens=TOKENS) for p in tiny.prompts]
+        if graphs:
+            assert dec.drafter._graphs is not None and len(dec.drafter._graphs) > 0, "no graph was captured"
+    for eager, graphed, reference in zip(results[False], results[True], tiny.references, strict=True):
+        assert graphed.token_ids == reference
+        assert eager.token_ids == reference
+        assert graphed.num_verifications == eager.num_verifications  # same trees accepted the same drafts

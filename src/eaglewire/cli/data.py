@@ -219,6 +219,9 @@ def capture_cmd(
     batch_size: int = typer.Option(8, "--batch-size"),
     max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="padded tokens per forward"),
     shard_records: int = typer.Option(256, "--shard-records", help="records per shard file"),
+    write_workers: int = typer.Option(
+        4, "--write-workers", help="threads writing shards while the target computes the next ones"
+    ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
     device: str = typer.Option("cpu", "--device"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -244,6 +247,7 @@ def capture_cmd(
         shard_records=shard_records,
         source=str(dataset),
         show_progress=progress,
+        write_workers=write_workers,
     )
     print_table(
         f"shards written to {out}",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from tqdm import tqdm
 from eaglewire.contract.contract import Contract
 from eaglewire.contract.fingerprint import NormSide
 from eaglewire.data.records import TokenizedDataset
-from eaglewire.data.shards import MANIFEST_FILE, ShardWriter, load_manifest
+from eaglewire.data.shards import MANIFEST_FILE, ShardInfo, ShardWriter, load_manifest
 from eaglewire.data.types import CapturedRecord
 from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.io_utils import sha256_text
@@ -113,8 +115,8 @@ def capture_records(
                 recs[i].record_id,
                 recs[i].input_ids,
                 recs[i].loss_mask,
-                aux[row, :T].clone(),
-                final[row, :T].clone(),
+                aux[row, :T],  # views: the shard writer copies them into one tensor anyway
+                final[row, :T],
             )
     return [r for r in out if r is not None]
 
@@ -131,10 +133,15 @@ def capture_dataset(
     shard_records: int = 256,
     source: str = "",
     show_progress: bool = True,
+    write_workers: int = 4,
 ) -> CaptureStats:
-    """Capture every record of `dataset` into shards under `output` (see shards.py for the layout)."""
-    if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1:
-        raise ConfigError("batch_size, shard_records and max_batch_tokens must be >= 1")
+    """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
+
+    The target runs on the calling thread while up to `write_workers` threads serialise, checksum
+    and write earlier shards (at most write_workers + 1 shards are held in memory), so disk and
+    sha256 time overlap the target's forwards instead of adding to them."""
+    if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
+        raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
     want = dataset.meta.get("tokenizer_hash")
     if want and target.tokenizer is not None and tokenizer_hash(target.tokenizer) != want:
         raise ContractMismatchError(
@@ -172,33 +179,37 @@ def capture_dataset(
         total=dataset.num_tokens, desc="capture", unit="tok", unit_scale=True, disable=not show_progress
     )
     start = time.perf_counter()
-    for k in range(num_shards):
-        lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
-        shard_tokens = int(lengths[lo:hi].sum())
-        if writer.done(k):
-            stats.shards_resumed += 1
-            bar.update(shard_tokens)
-            continue
-        t0 = time.perf_counter()
-        recs = capture_records(
-            target, dataset, range(lo, hi), contract, batch_size=batch_size, max_batch_tokens=max_batch_tokens
-        )
-        info = writer.write(k, lo, recs)
-        dt = time.perf_counter() - t0
+
+    def account(info: ShardInfo) -> None:
         stats.shards_written += 1
         stats.records += info.records
         stats.tokens += info.tokens
         stats.written_bytes += info.bytes
-        bar.update(shard_tokens)
-        bar.set_postfix_str(f"{info.tokens / dt:.0f} tok/s")
-        log.debug(
-            "shard %d: %d records, %d tokens in %.2fs (%.0f tok/s)",
-            k,
-            info.records,
-            info.tokens,
-            dt,
-            info.tokens / dt,
-        )
+        bar.update(info.tokens)
+        bar.set_postfix_str(f"{stats.tokens / (time.perf_counter() - start):.0f} tok/s")
+        log.debug("shard %d: %d records, %d tokens written", info.index, info.records, info.tokens)
+
+    pending: deque[Future[ShardInfo]] = deque()
+    with ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool:
+        for k in range(num_shards):
+            lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
+            if writer.done(k):
+                stats.shards_resumed += 1
+                bar.update(int(lengths[lo:hi].sum()))
+                continue
+            recs = capture_records(
+                target,
+                dataset,
+                range(lo, hi),
+                contract,
+                batch_size=batch_size,
+                max_batch_tokens=max_batch_tokens,
+            )
+            pending.append(pool.submit(writer.write, k, lo, recs))
+            while len(pending) > write_workers:  # bound the shards held in memory
+                account(pending.popleft().result())
+        while pending:
+            account(pending.popleft().result())
     bar.close()
     stats.seconds = time.perf_counter() - start
     writer.finish(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -155,6 +156,7 @@ class ShardWriter:
                 log.info("resuming: %d shards already complete in %s", len(self.shards), self.directory)
         self.plan = dict(plan)
         self.total_records = total_records
+        self._lock = threading.Lock()  # shards may be written from several threads at once
         contract.save(self.directory)
         self._save(complete=False)
 
@@ -162,9 +164,12 @@ class ShardWriter:
         return index in self.shards
 
     def write(self, index: int, first_record: int, records: list[CapturedRecord]) -> ShardInfo:
+        """Write one shard (safe to call from several threads: the files are independent and the
+        manifest update is serialised; resume keys on shard index, so completion order is free)."""
         info = write_shard(self.directory / shard_file_name(index), index, first_record, records)
-        self.shards[index] = info
-        self._save(complete=False)
+        with self._lock:
+            self.shards[index] = info
+            self._save(complete=False)
         return info
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:

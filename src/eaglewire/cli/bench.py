@@ -28,7 +28,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def command_line(ctx: typer.Context) -> str:
     """The command as typed, rebuilt from the parsed options that differ from their defaults."""
-    parts = [ctx.find_root().info_name or "eaglewire", ctx.info_name or "bench"]
+    # `python -m eaglewire` names the root "python -m eaglewire": record the console script instead
+    parts = ["eaglewire", ctx.info_name or "bench"]
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if value is None or value == param.default or not param.opts:

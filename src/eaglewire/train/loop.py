@@ -6,15 +6,24 @@ batches of the optimizer step on *all* processes (all-reduced before any backwar
 step weight; DDP/FSDP then average gradients over processes, which the loss pre-multiplies by
 the world size to undo. The update is therefore the token-level mean over the global batch,
 however it is split into processes and accumulation micro-batches.
+
+Host syncs: the forward and backward never wait for the device (the rows each TTT step trains on
+are planned from host tensors, `StepRows`); each optimizer step copies one small tensor to the
+host (loss finiteness, gradient norm, token and metric counts) before `optimizer.step`, since a
+non-finite update must be refused before it is applied. Nothing else waits on the device.
+
+Wall-time budget (`max_seconds`): the training time of the run, resumes included (saved with each
+checkpoint), stops it after the step that passes the budget, and the learning-rate schedule
+follows it (`eaglewire.train.schedule`), so a run cut by the clock still ends at the low rate.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -44,12 +53,12 @@ from eaglewire.train.distributed import (
     wrap_model,
 )
 from eaglewire.train.evaluate import EvalResult, eval_rows, evaluate_model
-from eaglewire.train.loss import StepCounts
-from eaglewire.train.objective import TTTObjective, autocast_for
+from eaglewire.train.loss import NUM_COUNTS, StepCounts
+from eaglewire.train.objective import TTTObjective, autocast_for, batch_step_rows
 from eaglewire.train.reporting import MetricsSink, Progress
 from eaglewire.train.schedule import build_optimizer, lr_at, set_lr, trainable_parameters
-from eaglewire.train.target_side import TargetSide, TrainInputs, check_data_contract, check_dataset_identity
-from eaglewire.train.ttt import step_valid
+from eaglewire.train.target_side import TargetSide, check_data_contract, check_dataset_identity
+from eaglewire.train.ttt import StepRows
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +132,9 @@ class Trainer:
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config)
         self.step, self.epoch, self.group, self.tokens_seen = 0, 0, 0, 0
+        self.train_seconds = 0.0  # training time of the run before this launch (from the checkpoint)
+        self.elapsed = 0.0  # training time of the run up to the current step (all processes agree)
+        self.lr = 0.0  # the learning rate of the last optimizer step
         if ckpt is not None:
             self._restore(ckpt)
         self.autocast = autocast_for(config.precision, ctx.device)
@@ -154,6 +166,7 @@ class Trainer:
             st["group"],
             st["tokens_seen"],
         )
+        self.train_seconds = self.elapsed = float(st.get("train_seconds", 0.0))
         log.info(
             "resumed from %s at optimizer step %d (epoch %d, group %d)",
             ckpt.path,
@@ -163,13 +176,10 @@ class Trainer:
         )
 
     # --- one optimizer step ---
-    def _normalizers(self, inputs: list[TrainInputs]) -> torch.Tensor:
-        """[S] global valid-row counts per step, all-reduced over processes."""
-        n = torch.zeros(self.cfg.ttt_steps, dtype=torch.float64, device=self.ctx.device)
-        for inp in inputs:
-            b = inp.batch
-            for s in range(self.cfg.ttt_steps):
-                n[s] += step_valid(b.doc_ids, b.loss_mask, s).sum()
+    def _normalizers(self, plans: list[StepRows]) -> torch.Tensor:
+        """[S] global valid-row counts per step, all-reduced over processes (host counts: no sync)."""
+        local = [sum(p.counts[s] for p in plans) for s in range(self.cfg.ttt_steps)]
+        n = torch.tensor(local, dtype=torch.float64).to(self.ctx.device, non_blocking=True)
         return all_reduce_sum(n, self.ctx)
 
     def _train_step(self, group: list[Row]) -> tuple[dict[str, Any], float, int]:
@@ -182,36 +192,61 @@ class Trainer:
             accum=cfg.grad_accum_steps,
         )
         inputs = [self.target_side.prepare(rows, fetch_rows(self.data, rows), ctx.device) for rows in micro]
-        n_valid = self._normalizers(inputs)
-        w = torch.tensor(self.weights, dtype=torch.float64, device=ctx.device)
+        plans = [batch_step_rows(inp.batch, cfg.ttt_steps) for inp in inputs]
+        n_valid = self._normalizers(plans)
+        w = torch.tensor(self.weights, dtype=torch.float64).to(ctx.device, non_blocking=True)
         scale = torch.where(
             n_valid > 0, w * ctx.world_size / n_valid.clamp_min(1), torch.zeros_like(w)
         ).float()
-        counts = StepCounts(cfg.ttt_steps, device=ctx.device)
-        bad: list[str] = []
-        for i, inp in enumerate(inputs):
+        table = torch.zeros(cfg.ttt_steps, NUM_COUNTS, dtype=torch.float64, device=ctx.device)
+        finite: list[torch.Tensor] = []
+        for i, (inp, plan) in enumerate(zip(inputs, plans, strict=True)):
             with set_gradient_sync(self.model, i == len(inputs) - 1):
                 with self.autocast:
-                    out = self.model(inp)
+                    out = self.model(inp, rows=plan)
                 loss = (out.loss_sums.float() * scale).sum()
-                if not bool(torch.isfinite(loss)):
-                    bad.extend(inp.batch.record_ids)
+                finite.append(torch.isfinite(loss))
                 loss.backward()
-            counts.table += out.counts
+            table += out.counts
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        flags = torch.tensor([float(bool(bad)), float(not bool(torch.isfinite(norm)))], device=ctx.device)
-        all_reduce_max(flags, ctx)
-        if bool(flags.any()):
-            self._raise_non_finite(bad, micro, float(norm))
-        set_lr(self.optimizer, lr_at(self.step, self.total_steps, cfg))
+        bad_micro = ~torch.stack(finite)  # [micro-batches] non-finite loss
+        tokens = float(sum(inp.batch.num_tokens for inp in inputs))  # host count, no sync
+        # One all-reduce and one device->host copy for the whole step (counts are exact in float64).
+        shared = torch.cat(
+            [
+                bad_micro.any().to(torch.float64).reshape(1),
+                (~torch.isfinite(norm)).to(torch.float64).reshape(1),
+                torch.tensor([tokens], dtype=torch.float64).to(ctx.device, non_blocking=True),
+                table.reshape(-1),
+            ]
+        )
+        all_reduce_sum(shared, ctx)
+        host = torch.cat(
+            [shared, norm.detach().to(torch.float64).reshape(1), bad_micro.to(torch.float64)]
+        ).cpu()
+        any_bad, any_nonfinite_norm, global_tokens = float(host[0]), float(host[1]), int(host[2])
+        counts = StepCounts(cfg.ttt_steps)
+        counts.table = host[3 : 3 + table.numel()].reshape(table.shape)
+        norm_value = float(host[3 + table.numel()])
+        if any_bad or any_nonfinite_norm:
+            bad = [
+                rid
+                for inp, flag in zip(inputs, host[4 + table.numel() :].tolist(), strict=True)
+                if flag
+                for rid in inp.batch.record_ids
+            ]
+            self._raise_non_finite(bad, micro, norm_value)
+        self.lr = lr_at(self.step, self.total_steps, cfg, time_fraction=self._time_fraction())
+        set_lr(self.optimizer, self.lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        all_reduce_sum(counts.table, ctx)
-        tokens = torch.tensor(float(sum(inp.batch.num_tokens for inp in inputs)), device=ctx.device)
-        return counts.summary(self.weights), float(norm), int(all_reduce_sum(tokens, ctx))
+        return counts.summary(self.weights), norm_value, global_tokens
+
+    def _time_fraction(self) -> float:
+        return self.elapsed / self.cfg.max_seconds if self.cfg.max_seconds > 0 else 0.0
 
     def _raise_non_finite(self, bad: list[str], micro: list[list[Row]], norm: float) -> None:
         gathered = all_gather_objects(bad, self.ctx)
@@ -267,10 +302,15 @@ class Trainer:
                     "epoch": self.epoch,
                     "group": self.group,
                     "tokens_seen": self.tokens_seen,
+                    "train_seconds": self.elapsed,
                     "total_steps": self.total_steps,
                     "rows_per_step": self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size,
                     "world_size": self.ctx.world_size,
-                    "scheduler": {"kind": "warmup_cosine", "step": self.step},
+                    "scheduler": {
+                        "kind": "warmup_cosine",
+                        "step": self.step,
+                        "time_fraction": self._time_fraction(),
+                    },
                 },
             )
         self.last_checkpoint_step = self.step
@@ -282,10 +322,11 @@ class Trainer:
         bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main)
         last: dict[str, Any] = {}
         tokens_run, time_run = 0, 0.0
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             while self.step < self.total_steps and self.epoch < cfg.epochs:
-                if cfg.max_seconds and self._out_of_time(time.perf_counter() - started):
+                self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
+                if cfg.max_seconds and self.elapsed >= cfg.max_seconds:
                     log.info(
                         "wall-time budget of %.0f s reached after optimizer step %d",
                         cfg.max_seconds,
@@ -296,11 +337,9 @@ class Trainer:
                 if self.group >= len(groups):
                     self.epoch, self.group = self.epoch + 1, 0
                     continue
-                t0 = time.perf_counter()
+                t0 = perf_counter()
                 summary, norm, tokens = self._train_step(groups[self.group])
-                if self.ctx.device.type == "cuda":
-                    torch.cuda.synchronize(self.ctx.device)
-                dt = time.perf_counter() - t0
+                dt = perf_counter() - t0  # up to the step's one sync (its optimizer update may still run)
                 self.step, self.group, self.tokens_seen = (
                     self.step + 1,
                     self.group + 1,
@@ -309,7 +348,7 @@ class Trainer:
                 tokens_run, time_run = tokens_run + tokens, time_run + dt
                 last = {
                     **summary,
-                    "lr": lr_at(self.step - 1, self.total_steps, cfg),
+                    "lr": self.lr,
                     "grad_norm": norm,
                     "tokens": tokens,
                     "tokens_per_s": tokens / dt if dt > 0 else 0.0,
@@ -320,6 +359,7 @@ class Trainer:
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
                     self._write_eval(self.evaluate())
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
                     self.checkpoint()
                 if (
                     stop_after_steps is not None
@@ -331,17 +371,19 @@ class Trainer:
         finally:
             bar.close()
         if self.last_checkpoint_step != self.step:
+            self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
             self.checkpoint()
         final_eval = self.evaluate()
         self._write_eval(final_eval)
         return self._result(last, final_eval, tokens_run, time_run, final=True)
 
-    def _out_of_time(self, elapsed: float) -> bool:
-        """Every process stops at the same step: the slowest clock decides."""
-        over = torch.tensor([float(elapsed >= self.cfg.max_seconds)], device=self.ctx.device)
-        if self.ctx.world_size > 1:
-            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
-        return bool(over.item())
+    def _agreed(self, elapsed: float) -> float:
+        """The training time every process uses (the slowest clock), so that all stop at the same
+        step and set the same learning rate. A collective only with a budget and several processes."""
+        if not (self.cfg.max_seconds and self.ctx.distributed):
+            return elapsed
+        t = torch.tensor([elapsed], dtype=torch.float64, device=self.ctx.device)
+        return float(all_reduce_max(t, self.ctx).item())
 
     def _write_eval(self, result: EvalResult | None) -> None:
         if result is not None:

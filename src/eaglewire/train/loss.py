@@ -38,7 +38,7 @@ class TargetDistribution:
 
     `shifted(k)` aligns row t with position t+k without copying `probs` (the [B, T, Vd] tensor is
     the largest one in a step): it shifts `token`/`in_vocab` and records the offset, and
-    `probs_at(rows)` gathers the shifted rows on demand.
+    `probs_of_rows(rows)` gathers the shifted rows on demand.
     """
 
     probs: torch.Tensor  # [..., Vd] float32, restricted to the draft vocab and renormalised
@@ -52,10 +52,11 @@ class TargetDistribution:
             self.probs, shift_left(self.token, k), shift_left(self.in_vocab, k, False), self.offset + k
         )
 
-    def probs_at(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [B, T] bool (only where in_vocab) -> [N, Vd] the distributions of those rows."""
-        b, t = rows.nonzero(as_tuple=True)
-        return self.probs[b, t + self.offset]
+    def probs_of_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [N] flat indices b*T + t (rows whose position t + offset is inside the row, e.g. the
+        valid rows of a step) -> [N, Vd], without a device sync."""
+        B, T, Vd = self.probs.shape
+        return self.probs.reshape(B * T, Vd)[rows + self.offset]
 
 
 def restrict_target_logits(
@@ -64,9 +65,9 @@ def restrict_target_logits(
     """target_logits [..., V] -> TargetDistribution [..., Vd]; argmax taken over the full vocab V."""
     argmax = target_logits.argmax(-1)  # [...]
     draft_id = t2d[argmax]
-    restricted = target_logits.index_select(-1, draft_to_target).float()  # [..., Vd]
+    restricted = target_logits.index_select(-1, draft_to_target)  # [..., Vd]
     return TargetDistribution(
-        probs=torch.softmax(restricted, dim=-1),
+        probs=torch.softmax(restricted, dim=-1, dtype=torch.float32),
         token=draft_id.clamp_min(0),
         in_vocab=draft_id >= 0,
     )
@@ -76,7 +77,7 @@ def restrict_target_logits(
 class StepOutcome:
     loss_sum: torch.Tensor  # scalar with grad: summed per-row loss over the counted rows
     counts: torch.Tensor  # [NUM_COUNTS] float64, detached (see COUNT_FIELDS)
-    correct: torch.Tensor  # [B, T] bool: draft argmax == target argmax (in vocab), any row
+    correct: torch.Tensor  # [B, T] bool: draft argmax == target argmax (in vocab), where scored
 
 
 def step_outcome(
@@ -86,18 +87,43 @@ def step_outcome(
     chain_ok: torch.Tensor,
     *,
     kind: Literal["soft_ce", "kl"] = "soft_ce",
+    rows: torch.Tensor | None = None,
+    scored: torch.Tensor | None = None,
 ) -> StepOutcome:
-    """draft_logits [B, T, Vd]; `target` already aligned with the rows (shifted by 1+step);
-    valid [B, T] rows trained at this step; chain_ok [B, T] all earlier steps right."""
-    counted = valid & target.in_vocab
-    logp = torch.log_softmax(draft_logits[counted].float(), dim=-1)  # [N, Vd]
-    probs = target.probs_at(counted)  # [N, Vd]
+    """draft_logits [B, T, Vd], or [M, Vd]: the logits of the flat rows `scored` [M] only (ascending
+    indices b*T + t including every valid row, `StepRows.scored`); `target` already aligned with the
+    rows (shifted by 1+step); valid [B, T] rows trained at this step; chain_ok [B, T] all earlier
+    steps right; rows [N] int64: the flat indices of the valid rows (`StepRows.index`: gathering by
+    index costs no device->host sync, a boolean mask does); derived from `valid` when None.
+
+    The loss is taken over the valid rows whose target argmax is in the draft vocabulary; the
+    others (out of vocabulary) contribute exactly 0 to the sum and to the gradient. `correct` is
+    computed where there are logits (False elsewhere)."""
+    B, T = valid.shape
+    if rows is None:
+        rows = valid.reshape(-1).nonzero().squeeze(1)
+    if scored is None:
+        flat = draft_logits.reshape(B * T, -1)  # [B*T, Vd]
+        at = rows
+    else:
+        flat = draft_logits  # [M, Vd]
+        at = torch.searchsorted(scored, rows)  # [N] where each valid row is among the scored ones
+    logp = torch.log_softmax(flat[at].float(), dim=-1)  # [N, Vd]
+    probs = target.probs_of_rows(rows)  # [N, Vd]
+    draftable = target.in_vocab.reshape(-1)[rows]  # [N]
     per_row = -(probs * logp).sum(-1)  # [N]
     if kind == "kl":
         per_row = per_row + torch.special.xlogy(probs, probs).sum(-1)
-    loss_sum = per_row.sum()
+    loss_sum = torch.where(draftable, per_row, torch.zeros_like(per_row)).sum()
     with torch.no_grad():
-        correct = (draft_logits.argmax(-1) == target.token) & target.in_vocab
+        if scored is None:
+            correct = (draft_logits.argmax(-1) == target.token) & target.in_vocab
+        else:
+            hit = (flat.argmax(-1) == target.token.reshape(-1)[scored]) & target.in_vocab.reshape(-1)[scored]
+            correct = torch.zeros(B * T, dtype=torch.bool, device=valid.device)
+            correct[scored] = hit
+            correct = correct.view(B, T)
+        counted = valid & target.in_vocab
         counts = torch.stack(
             [
                 valid.sum(),

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.train.batches import Batch
 from eaglewire.train.loss import NUM_COUNTS, step_outcome, target_rank
 from eaglewire.train.target_side import TrainInputs
-from eaglewire.train.ttt import step_valid, ttt_unroll
+from eaglewire.train.ttt import StepRows, step_rows, ttt_unroll
 
 
 def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -20,6 +21,12 @@ def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractCon
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def batch_step_rows(batch: Batch, num_steps: int) -> StepRows:
+    """The batch's StepRows, planned from its host copy (no device sync) and placed beside it."""
+    host = batch.host if batch.host is not None else batch
+    return step_rows(host.doc_ids, host.loss_mask, num_steps, batch.doc_ids.device)
 
 
 @dataclass
@@ -40,16 +47,31 @@ class TTTObjective(nn.Module):
         self.num_steps = num_steps
         self.kind: Literal["soft_ce", "kl"] = kind
 
-    def forward(self, inputs: TrainInputs, with_ranks: bool = False) -> ObjectiveOutput:
+    def forward(
+        self, inputs: TrainInputs, with_ranks: bool = False, rows: StepRows | None = None
+    ) -> ObjectiveOutput:
+        """rows: the batch's `StepRows` for `num_steps` (built here from the batch when None)."""
         b = inputs.batch
         S = self.num_steps
+        if rows is None:
+            rows = batch_step_rows(b, S)
+        if rows.num_steps != S:
+            raise ValueError(f"StepRows for {rows.num_steps} steps, the objective unrolls {S}")
         chain_ok = torch.ones_like(b.loss_mask)
         losses, counts, ranks = [], [], []
-        steps = ttt_unroll(self.draft, b.input_ids, b.positions, b.doc_ids, inputs.aux, S)
+        B, T = b.input_ids.shape
+        # Ranks need every row's logits; otherwise only the rows each step scores get the lm_head.
+        steps = ttt_unroll(self.draft, b.input_ids, b.positions, b.doc_ids, inputs.aux, S, logits=with_ranks)
         for s, out in enumerate(steps):
             target = inputs.target.shifted(1 + s)  # row t <- the target's distribution at t+1+s
-            valid = step_valid(b.doc_ids, b.loss_mask, s)
-            res = step_outcome(out.logits, target, valid, chain_ok, kind=self.kind)
+            if with_ranks:
+                logits, scored = out.logits, None  # [B, T, Vd]
+            else:
+                scored = rows.scored[s]
+                logits = self.draft.compute_logits(out.hidden.reshape(B * T, -1)[scored])  # [M, Vd]
+            res = step_outcome(
+                logits, target, rows.valid[s], chain_ok, kind=self.kind, rows=rows.index[s], scored=scored
+            )
             losses.append(res.loss_sum)
             counts.append(res.counts)
             if with_ranks:

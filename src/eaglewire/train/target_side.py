@@ -2,7 +2,10 @@
 
 Online: the target runs inside the loop on tokenized records (`TokenizedRecord`), each record
 right-padded in its own row (so the target never attends across packed records), and its aux
-states and logits are placed into the packed rows.
+states and logits are placed into the packed rows. The records of a micro-batch are sorted by
+length and run in a few forwards (`length_buckets`), each padded only to its own longest record:
+padding every record to the micro-batch's longest one made the target process several times the
+real tokens (chat data: ~120 records of ~120 tokens and one of ~1000 per 16 rows of 1024).
 
 Offline: captured records (`CapturedRecord`) carry aux and final states; the target's logits are
 recomputed from `final` with only the target's final norm (when `final` is pre-norm) and
@@ -32,7 +35,7 @@ from eaglewire.target.architectures import target_parts
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import check_fingerprint, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name, resolve_target_path
-from eaglewire.train.batches import Batch, Row, assemble, scatter_rows
+from eaglewire.train.batches import Batch, Row, assemble, length_buckets, row_length, slot_token_index
 from eaglewire.train.loss import TargetDistribution, restrict_target_logits, target_to_draft
 
 log = logging.getLogger(__name__)
@@ -93,12 +96,45 @@ class TargetSide(Protocol):
     def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs: ...
 
 
-def _scatter_dist(rows: Sequence[Row], dists: list[TargetDistribution]) -> TargetDistribution:
-    return TargetDistribution(
-        probs=scatter_rows(rows, [d.probs for d in dists]),
-        token=scatter_rows(rows, [d.token for d in dists]),
-        in_vocab=scatter_rows(rows, [d.in_vocab for d in dists], fill=False),
-    )
+# One more target forward costs about as much as this many more tokens (an eager forward is a few
+# hundred kernel launches); `length_buckets` trades it against padding.
+FORWARD_OVERHEAD_TOKENS = 4096
+# Token rows per offline lm_head call (float32 [rows, V] logits: 1.6 GB at V = 49152).
+HEAD_CHUNK_TOKENS = 8192
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """x on `device`; copies from host memory do not block the host (device->host ones must)."""
+    return x.to(device, non_blocking=x.device.type == "cpu")
+
+
+class _Placed:
+    """The micro-batch's [B*T, ...] label and aux tensors, filled per token by flat index."""
+
+    def __init__(self, rows: Sequence[Row], vocab: int, aux_width: int, device: torch.device) -> None:
+        self.B, self.T = len(rows), row_length(rows)
+        n = self.B * self.T
+        self.probs = torch.zeros(n, vocab, dtype=torch.float32, device=device)
+        self.token = torch.zeros(n, dtype=torch.long, device=device)
+        self.in_vocab = torch.zeros(n, dtype=torch.bool, device=device)
+        self.aux = torch.zeros(n, aux_width, dtype=torch.float32, device=device)
+
+    def put(self, dst: torch.Tensor, dist: TargetDistribution, aux: torch.Tensor) -> None:
+        """dst [N] flat positions; dist [N, Vd]; aux [N, A*Ht]."""
+        dst = _to_device(dst, self.probs.device)
+        self.probs.index_copy_(0, dst, dist.probs)
+        self.token.index_copy_(0, dst, dist.token)
+        self.in_vocab.index_copy_(0, dst, dist.in_vocab)
+        self.aux.index_copy_(0, dst, _to_device(aux, self.aux.device).float())
+
+    def inputs(self, batch: Batch, device: torch.device) -> TrainInputs:
+        B, T = self.B, self.T
+        target = TargetDistribution(
+            self.probs.view(B, T, -1).to(device),
+            self.token.view(B, T).to(device),
+            self.in_vocab.view(B, T).to(device),
+        )
+        return TrainInputs(batch=batch.to(device), aux=self.aux.view(B, T, -1).to(device), target=target)
 
 
 class OnlineTarget:
@@ -129,36 +165,39 @@ class OnlineTarget:
     def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs:
         batch = assemble(rows, records)
         lengths = [s.length for row in rows for s in row]
-        n, width = len(lengths), max(lengths)
-        ids = torch.zeros(n, width, dtype=torch.long)
-        attn = torch.zeros(n, width, dtype=torch.long)
-        for i, (rec, length) in enumerate(zip(records, lengths, strict=True)):
-            ids[i, :length] = rec.input_ids[:length]
-            attn[i, :length] = 1
+        dest = slot_token_index(rows)  # [N] flat position of every token, slots in order
+        starts = [0]
+        for k in lengths:
+            starts.append(starts[-1] + k)
         dev = self.target.device
-        padded = min(lengths) != width  # equal lengths: no mask (HF builds none, which is faster)
-        states = capture(
-            self.target.model,
-            ids.to(dev),
-            aux_boundaries=self.aux_boundaries,
-            final=self.final,
-            attention_mask=attn.to(dev) if padded else None,
-            return_logits=True,
-        )
-        assert states.logits is not None
-        dist = restrict_target_logits(states.logits, self.d2t, self.t2d)  # [n, width, Vd]
-        per_record = [
-            TargetDistribution(dist.probs[i, :k], dist.token[i, :k], dist.in_vocab[i, :k])
-            for i, k in enumerate(lengths)
-        ]
-        aux = scatter_rows(rows, [states.aux[i, :k].float() for i, k in enumerate(lengths)])
-        return TrainInputs(
-            batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, per_record), device)
-        )
-
-
-def _to(d: TargetDistribution, device: torch.device) -> TargetDistribution:
-    return TargetDistribution(d.probs.to(device), d.token.to(device), d.in_vocab.to(device))
+        placed = _Placed(rows, len(self.d2t), self._data_contract.aux_width, dev)
+        budget = len(rows) * row_length(rows)  # as many token slots per forward as the packed rows have
+        for group in length_buckets(lengths, max_tokens=budget, overhead=FORWARD_OVERHEAD_TOKENS):
+            width = max(lengths[i] for i in group)
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            attn = torch.zeros(len(group), width, dtype=torch.long)
+            src, dst = [], []
+            for j, i in enumerate(group):
+                k = lengths[i]
+                ids[j, :k] = records[i].input_ids[:k]
+                attn[j, :k] = 1
+                src.append(torch.arange(j * width, j * width + k))
+                dst.append(dest[starts[i] : starts[i] + k])
+            padded = min(lengths[i] for i in group) != width  # no padding: no mask (faster in HF)
+            states = capture(
+                self.target.model,
+                _to_device(ids, dev),
+                aux_boundaries=self.aux_boundaries,
+                final=self.final,
+                attention_mask=_to_device(attn, dev) if padded else None,
+                return_logits=True,
+            )
+            assert states.logits is not None
+            real = _to_device(torch.cat(src), dev)  # [n] the group's real tokens
+            logits = states.logits.flatten(0, 1)[real]  # [n, V]
+            aux = states.aux.flatten(0, 1)[real]  # [n, A*Ht]
+            placed.put(torch.cat(dst), restrict_target_logits(logits, self.d2t, self.t2d), aux)
+        return placed.inputs(batch, device)
 
 
 class TargetHead(nn.Module):
@@ -171,7 +210,7 @@ class TargetHead(nn.Module):
 
     @torch.no_grad()
     def forward(self, final: torch.Tensor) -> torch.Tensor:
-        x = final.to(self.lm_head_weight.device).float()
+        x = _to_device(final, self.lm_head_weight.device).float()
         if self.norm is not None:
             x = self.norm(x)
         return x @ self.lm_head_weight.T
@@ -282,11 +321,12 @@ class OfflineTarget:
             self._check(rec)
         batch = assemble(rows, records)
         lengths = [s.length for row in rows for s in row]
-        dists = [
-            restrict_target_logits(self.head(rec.final[:k]), self.d2t, self.t2d)
-            for rec, k in zip(records, lengths, strict=True)
-        ]
-        aux = scatter_rows(rows, [rec.aux[:k].float() for rec, k in zip(records, lengths, strict=True)])
-        return TrainInputs(
-            batch=batch.to(device), aux=aux.to(device), target=_to(_scatter_dist(rows, dists), device)
-        )
+        dest = slot_token_index(rows)  # [N] flat position of every token, slots in order
+        final = torch.cat([rec.final[:k] for rec, k in zip(records, lengths, strict=True)])  # [N, Ht]
+        aux = torch.cat([rec.aux[:k] for rec, k in zip(records, lengths, strict=True)])  # [N, A*Ht]
+        placed = _Placed(rows, len(self.d2t), self._data_contract.aux_width, self.d2t.device)
+        for a in range(0, len(dest), HEAD_CHUNK_TOKENS):
+            b = a + HEAD_CHUNK_TOKENS
+            dist = restrict_target_logits(self.head(final[a:b]), self.d2t, self.t2d)  # [n, Vd]
+            placed.put(dest[a:b], dist, aux[a:b])
+        return placed.inputs(batch, device)

@@ -25,17 +25,26 @@ the ground truth (x[t+1+s]), i.e. the chain that serving takes when every earlie
 accepted. `tests/unit/train/test_ttt_serving.py` proves logits equality against a step-by-step
 decode with a `GrowingKV`.
 
-Keys accumulate in one `GrowingKV` in step order, so at step s there are (s+1)*T keys:
-block j holds step j's keys for rows 0..T-1.
+How it is computed (`ttt_unroll`): the dense form of that mask, `ttt_attention_mask`, has
+(s+1)*T keys at step s, although each row sees at most T prefix keys plus s chain keys; summed over
+S steps that is S*(S+1)/2 key blocks of T (28 for S = 7). The unroll instead cuts the rows of step
+s >= 1 into blocks of `BLOCK_ROWS` that attend to the prefix keys plus the chain keys of their own
+rows only (T + s*BLOCK_ROWS keys; ~3x fewer over 7 steps at T = 1024), still one fused SDPA call
+per step, with the prefix mask built once per batch. The draft's own modules compute everything
+else (`_draft_step` repeats `Eagle3Draft.forward`'s wiring, nothing more); tests pin the result to
+the dense mask run through `Eagle3Draft.forward` and to a step-by-step serving decode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from eaglewire.draft.model import DraftOutput, Eagle3Draft, GrowingKV
+from eaglewire.draft.model import DraftOutput, Eagle3Draft
+from eaglewire.nn.rope import apply_rope
 
 
 def shift_left(x: torch.Tensor, k: int, fill: float | bool = 0) -> torch.Tensor:
@@ -57,7 +66,10 @@ def prefix_mask(doc_ids: torch.Tensor) -> torch.Tensor:
 
 
 def ttt_attention_mask(doc_ids: torch.Tensor, step: int, prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """The mask of TTT step `step` over all keys so far: bool [B, 1, T, (step+1)*T], True = attend."""
+    """The dense mask of TTT step `step` over all keys so far: bool [B, 1, T, (step+1)*T], True = attend.
+
+    The reference form of what `ttt_unroll` computes (keys in `GrowingKV` order, block j = step j);
+    the unroll itself never builds it."""
     prefix = prefix_mask(doc_ids) if prefix is None else prefix
     B, T = doc_ids.shape
     if step == 0:
@@ -78,6 +90,130 @@ def step_valid(doc_ids: torch.Tensor, loss_mask: torch.Tensor, step: int) -> tor
     return step_in_range(doc_ids, step) & shift_left(loss_mask, 2 + step, fill=False)
 
 
+@dataclass(frozen=True)
+class StepRows:
+    """The rows every TTT step trains on and scores, built once per micro-batch from host tensors, so
+    neither the loss nor its normaliser needs a device->host sync (boolean indexing would need one
+    per step).
+
+    `scored[s]`: the rows whose draft logits step s needs, those valid at step s or later (the
+    accuracy chain reads step s's argmax only there); with assistant-only loss masks that is well
+    under half the rows, and the draft's lm_head (Vd wide) is the largest matmul of a step."""
+
+    valid: torch.Tensor  # [S, B, T] bool (step_valid of each step), on the device
+    index: tuple[torch.Tensor, ...]  # S x [N_s] int64 flat row index b*T + t of the valid rows, on the device
+    counts: tuple[int, ...]  # S: N_s, on the host
+    scored: tuple[torch.Tensor, ...]  # S x [M_s] int64 ascending flat rows valid at step s or later
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.counts)
+
+
+def step_rows(
+    doc_ids: torch.Tensor, loss_mask: torch.Tensor, num_steps: int, device: torch.device | str
+) -> StepRows:
+    """doc_ids, loss_mask [B, T] (host tensors: computing here costs no sync) -> StepRows on `device`."""
+    valid = torch.stack([step_valid(doc_ids, loss_mask, s) for s in range(num_steps)])  # [S, B, T]
+    later = valid.flip(0).cumsum(0).flip(0) > 0  # [S, B, T] valid at this step or a later one
+    index = [v.reshape(-1).nonzero().squeeze(1) for v in valid]  # S x [N_s]
+    scored = [v.reshape(-1).nonzero().squeeze(1) for v in later]  # S x [M_s]
+    counts = tuple(int(i.numel()) for i in index)
+    flat = torch.cat([*index, *scored]).to(device, non_blocking=True)  # one copy to the device
+    parts = flat.split([*counts, *(int(i.numel()) for i in scored)])
+    return StepRows(valid.to(device, non_blocking=True), parts[:num_steps], counts, parts[num_steps:])
+
+
+# Query rows per block in the blocked attention of steps >= 1 (a multiple of the fused kernels' tiles).
+BLOCK_ROWS = 128
+
+
+class _ChainKeys:
+    """Keys/values of one unroll: step 0's for every row (the prefix) and each later step's (the
+    diagonal), attended with one fused SDPA call per step.
+
+    Step 0 is plain prefix attention. At step s >= 1 the rows are cut into blocks of BLOCK_ROWS;
+    each block attends to the T prefix keys and to the s*BLOCK_ROWS chain keys of its own rows
+    (row r of the block sees chain key j*BLOCK_ROWS + r), i.e. T + s*BLOCK_ROWS keys instead of the
+    dense (s+1)*T. KV heads are repeated to the query heads (as `enable_gqa` does), so the call
+    qualifies for the fused masked kernels (cuDNN, memory-efficient) and not only the math one.
+    """
+
+    def __init__(self, prefix: torch.Tensor) -> None:
+        self.prefix = prefix  # [B, T, T] bool: True = the prefix key is visible
+        self.key0: torch.Tensor | None = None  # [B, nkv, T, hd]
+        self.value0: torch.Tensor | None = None
+        self.keys: list[torch.Tensor] = []  # step j >= 1: [B, nkv, T, hd]
+        self.values: list[torch.Tensor] = []
+        self._block_prefix: torch.Tensor | None = None  # [B*nb, 1, m, T] prefix mask per block
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append this step's k, v [B, nkv, T, hd] and attend with q [B, nh, T, hd] -> [B, nh, T, hd]."""
+        if self.key0 is None:
+            self.key0, self.value0 = k, v
+        else:
+            self.keys.append(k)
+            self.values.append(v)
+        assert self.key0 is not None and self.value0 is not None
+        B, nh, T, hd = q.shape
+        g = nh // self.key0.shape[1]
+
+        def heads(x: torch.Tensor) -> torch.Tensor:
+            """[B', nkv, L, hd] -> [B', nh, L, hd]: query head h reads KV head h // g."""
+            return x.repeat_interleave(g, dim=1) if g > 1 else x
+
+        if not self.keys:
+            return F.scaled_dot_product_attention(
+                q, heads(self.key0), heads(self.value0), attn_mask=self.prefix[:, None]
+            )
+        s, m = len(self.keys), min(BLOCK_ROWS, T)
+        nb = -(-T // m)
+        pad = nb * m - T  # rows added to fill the last block (dropped from the output)
+
+        def blocks(x: torch.Tensor) -> torch.Tensor:  # [B, h, T, hd] -> [B*nb, h, m, hd]
+            x = F.pad(x, (0, 0, 0, pad)) if pad else x
+            return x.view(B, x.shape[1], nb, m, hd).transpose(1, 2).reshape(B * nb, x.shape[1], m, hd)
+
+        def keys(prefix: torch.Tensor, chain: list[torch.Tensor]) -> torch.Tensor:  # -> [B*nb, nh, T+s*m, hd]
+            shared = heads(prefix)[:, None].expand(B, nb, nh, T, hd).reshape(B * nb, nh, T, hd)
+            return torch.cat([shared, *(heads(blocks(x)) for x in chain)], dim=2)
+
+        if self._block_prefix is None:
+            rows = F.pad(self.prefix, (0, 0, 0, pad)) if pad else self.prefix  # [B, nb*m, T]
+            self._block_prefix = rows.view(B * nb, 1, m, T)
+        eye = torch.eye(m, dtype=torch.bool, device=q.device).repeat(1, s)  # [m, s*m]
+        mask = torch.cat([self._block_prefix, eye.expand(B * nb, 1, m, s * m)], dim=-1)  # [B*nb, 1, m, T+s*m]
+        out = F.scaled_dot_product_attention(
+            blocks(q), keys(self.key0, self.keys), keys(self.value0, self.values), attn_mask=mask
+        )  # [B*nb, nh, m, hd]
+        out = out.view(B, nb, nh, m, hd).transpose(1, 2).reshape(B, nh, nb * m, hd)
+        return out[:, :, :T] if pad else out
+
+
+def _draft_step(
+    draft: Eagle3Draft,
+    input_ids: torch.Tensor,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    chain: _ChainKeys,
+    logits: bool,
+) -> DraftOutput:
+    """`Eagle3Draft.forward` (same modules, same order) with the TTT attention of `_ChainKeys`."""
+    layer, attn = draft.layer, draft.layer.self_attn
+    embeds = draft.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+    cos, sin = draft.rope(positions, hidden.dtype)
+    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+    B, T, _ = x.shape
+    q = attn.q_proj(x).view(B, T, attn.num_heads, attn.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+    k = attn.k_proj(x).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
+    v = attn.v_proj(x).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    o = chain.attend(q, k, v)  # [B, nh, T, hd]
+    h = hidden + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+    h = h + layer.mlp(layer.post_attention_layernorm(h))  # [B, T, H] pre-norm output
+    return DraftOutput(hidden=h, logits=draft.compute_logits(h) if logits else h.new_empty(0))
+
+
 def ttt_unroll(
     draft: Eagle3Draft,
     input_ids: torch.Tensor,
@@ -85,6 +221,8 @@ def ttt_unroll(
     doc_ids: torch.Tensor,
     aux: torch.Tensor,
     num_steps: int,
+    *,
+    logits: bool = True,
 ) -> Iterator[DraftOutput]:
     """Yield the draft's output for steps 0..num_steps-1.
 
@@ -92,17 +230,11 @@ def ttt_unroll(
     aux [B, T, A*Ht]. Each yielded DraftOutput has hidden [B, T, H] and logits [B, T, Vd]; row t
     of step s predicts x[t+2+s] (see the module docstring). Rows whose shifted inputs leave their
     record produce values that no in-range row ever attends to; mask them with `step_in_range`.
+    logits=False leaves `DraftOutput.logits` empty (apply `draft.compute_logits` to the rows needed).
     """
     hidden = draft.project(aux)  # [B, T, H]
-    kv = GrowingKV()
-    prefix = prefix_mask(doc_ids)
+    chain = _ChainKeys(prefix_mask(doc_ids))  # [B, T, T]
     for s in range(num_steps):
-        out = draft(
-            shift_left(input_ids, 1 + s),
-            hidden,
-            positions + s,
-            kv=kv,
-            mask=ttt_attention_mask(doc_ids, s, prefix),
-        )
+        out = _draft_step(draft, shift_left(input_ids, 1 + s), hidden, positions + s, chain, logits)
         yield out
         hidden = out.hidden

@@ -32,6 +32,12 @@ CONFIG = TrainConfig(
     grad_accum_steps=1,
     seed=0,
 )
+# Weights after 4 AdamW steps (lr 3e-3) are compared up to 1e-4: another split of the same rows
+# sums the same gradients in another order (~1e-7 relative), and AdamW's per-element normalisation
+# blows that up where a gradient element is near zero: with the loop as of commit a14477d, 3 of 6
+# record seeds (make_records seed 2, 4, 6) already missed rtol=1e-5/atol=1e-6 (worst 4.5e-5). A
+# wrong loss scaling or a lost micro-batch moves weights by a sizeable part of a step (~1e-3).
+WEIGHTS_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def build_target():
@@ -77,11 +83,11 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
     )
     got = load_file(str(res_acc.draft_dir / "model.safetensors"))
     for k in ref:
-        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=f"accumulation: {k}")
+        torch.testing.assert_close(got[k], ref[k], **WEIGHTS_TOL, msg=f"accumulation: {k}")
     init = init_draft(target, contract, seed=0).state_dict()
     for parallel in ("ddp", "fsdp"):
         got = load_file(str(tmp_path / parallel / "draft" / "model.safetensors"))
         assert got.keys() == ref.keys()
         for k in ref:
-            torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=f"{parallel}: {k}")
+            torch.testing.assert_close(got[k], ref[k], **WEIGHTS_TOL, msg=f"{parallel}: {k}")
         assert not torch.equal(got["fc.weight"], init["fc.weight"])  # training did move the weights

@@ -15,7 +15,7 @@ from eaglewire.draft.init import init_draft
 from eaglewire.draft.model import GrowingKV
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
-from eaglewire.train.ttt import step_in_range, ttt_attention_mask, ttt_unroll
+from eaglewire.train.ttt import prefix_mask, shift_left, step_in_range, ttt_attention_mask, ttt_unroll
 from tests.helpers.tiny import make_tiny_target
 
 S = 4
@@ -105,3 +105,53 @@ def test_mask_shape_and_diagonal():
     assert m[4, :6].tolist() == [False, False, False, True, True, False]
     for j in (1, 2):
         assert m[:, 6 * j : 6 * (j + 1)].equal(torch.eye(6, dtype=torch.bool))
+
+
+def dense_unroll(draft, ids, positions, doc, aux, steps: int) -> list:
+    """The reference TTT: `Eagle3Draft.forward` over every key so far (a GrowingKV) with the dense mask."""
+    kv, hidden, prefix, outs = GrowingKV(), draft.project(aux), prefix_mask(doc), []
+    for s in range(steps):
+        mask = ttt_attention_mask(doc, s, prefix)
+        out = draft(shift_left(ids, 1 + s), hidden, positions + s, kv=kv, mask=mask)
+        outs.append(out)
+        hidden = out.hidden
+    return outs
+
+
+@pytest.mark.parametrize("block_rows", [128, 8, 7])
+def test_unroll_equals_the_dense_mask_reference(setup, monkeypatch, block_rows):
+    """`ttt_unroll` attends per block of rows to the prefix and the block's own chain keys; values
+    and gradients equal the dense (S+1)*T-key form run through the draft's own forward, on packed
+    rows with padding (block_rows 8: 3 whole blocks of the 24 rows; 7: a padded last block)."""
+    import eaglewire.train.ttt as ttt
+
+    monkeypatch.setattr(ttt, "BLOCK_ROWS", block_rows)
+    target, contract, draft = setup
+    torch.manual_seed(2)
+    B, T = 2, 24
+    doc = torch.tensor([[0] * 10 + [1] * 9 + [2] * 5, [0] * 15 + [1] * 6 + [-1] * 3])
+    positions = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        for d in doc[b].unique():
+            where = doc[b] == d
+            positions[b, where] = torch.arange(int(where.sum()))
+    ids = torch.randint(3, target.vocab_size, (B, T))
+    aux = torch.randn(B, T, draft.config.aux_width)
+    weights = [torch.randn(B, T, draft.config.draft_vocab_size) for _ in range(S)]
+    grads = []
+    for unroll in (ttt_unroll, dense_unroll):
+        draft.zero_grad()
+        outs = list(unroll(draft, ids, positions, doc, aux, S))
+        sum((o.logits * w).sum() for o, w in zip(outs, weights, strict=True)).backward()
+        grads.append({k: p.grad.clone() for k, p in draft.named_parameters() if p.grad is not None})
+        if unroll is ttt_unroll:
+            ours = [o.logits.detach() for o in outs]
+        else:
+            for s in range(S):
+                torch.testing.assert_close(
+                    ours[s], outs[s].logits.detach(), rtol=1e-5, atol=1e-5, msg=f"s={s}"
+                )
+    assert grads[0].keys() == grads[1].keys() and "layer.self_attn.k_proj.weight" in grads[0]
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-5, msg=k)
+    draft.zero_grad()

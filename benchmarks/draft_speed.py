@@ -91,12 +91,15 @@ def main() -> None:
     aux = torch.randn(args.context, cfg.aux_width, device=device, dtype=dtype)  # [T, A*Ht]
     tokens = torch.randint(0, shape["vocab_size"], (args.context,))
     specs = {"chain 5": SpecArgs.chain(5), "tree 6x4x16": SpecArgs(6, 4, 16), "tree 5x4x8": SpecArgs(5, 4, 8)}
-    graph_modes = [False] if device.type == "cpu" else [False, True]
+    # (cuda_graphs, compile): eager; graphs; graphs around torch.compile'd draft forwards
+    graph_modes = [(False, False)] if device.type == "cpu" else [(False, False), (True, False), (True, True)]
     rows: list[dict[str, Any]] = []
     for name, spec in specs.items():
         trees = {}
-        for graphs in graph_modes:
-            drafter = Drafter(draft, spec, max_seq_len=args.context + 256, cuda_graphs=graphs)
+        for graphs, compiled in graph_modes:
+            drafter = Drafter(
+                draft, spec, max_seq_len=args.context + 256, cuda_graphs=graphs, compile=compiled
+            )
             n = min(3, spec.num_steps + 1)
 
             def one_round(drafter: Drafter = drafter, spec: SpecArgs = spec, n: int = n) -> torch.Tensor:
@@ -106,7 +109,7 @@ def main() -> None:
                 drafter.extend(aux[-n:], tokens[-n:], start_position=args.context - n)
                 return tree.tokens.clone()
 
-            trees[graphs] = one_round()
+            trees[(graphs, compiled)] = one_round()
             drafter.reset()
             drafter.extend(aux[:-n], tokens[:-n], start_position=0)
             tree_ms = timed(
@@ -122,10 +125,17 @@ def main() -> None:
 
             extend_ms = timed(extend_rows, device, args.repeats, args.calls)
             rows.append(
-                {"spec": name, "cuda_graphs": graphs, "draft_tree_ms": tree_ms, f"extend_{n}_ms": extend_ms}
+                {
+                    "spec": name,
+                    "cuda_graphs": graphs,
+                    "compile": compiled,
+                    "draft_tree_ms": tree_ms,
+                    f"extend_{n}_ms": extend_ms,
+                    "same_tree_as_eager": bool(
+                        torch.equal(trees[(False, False)].cpu(), trees[(graphs, compiled)].cpu())
+                    ),
+                }
             )
-        if len(trees) == 2:
-            rows[-1]["same_tree_as_eager"] = bool(torch.equal(trees[False].cpu(), trees[True].cpu()))
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -135,11 +145,15 @@ def main() -> None:
     }
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
-    print(f"{'spec':<14} {'graphs':<7} {'draft_tree ms':>14} {'extend ms':>10}  same tree")
+    print(
+        f"{'spec':<14} {'graphs':<7} {'compile':<8} {'draft_tree ms':>14} {'extend ms':>10}  same tree as eager"
+    )
     for r in rows:
         ext = next(v for k, v in r.items() if k.startswith("extend_"))
-        same = r.get("same_tree_as_eager", "-")
-        print(f"{r['spec']:<14} {r['cuda_graphs']!s:<7} {r['draft_tree_ms']:>14.3f} {ext:>10.3f}  {same}")
+        print(
+            f"{r['spec']:<14} {r['cuda_graphs']!s:<7} {r['compile']!s:<8} {r['draft_tree_ms']:>14.3f} {ext:>10.3f}  "
+            f"{r['same_tree_as_eager']}"
+        )
 
 
 if __name__ == "__main__":

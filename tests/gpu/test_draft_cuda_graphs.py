@@ -35,14 +35,17 @@ def cuda_tiny() -> tuple[Tiny, torch.nn.Module]:
     return tiny, trained.to("cuda")
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "graphs+compile"])
 @pytest.mark.parametrize("shape", sorted(SPECS))
-def test_graphed_drafting_matches_eager_and_plain(cuda_tiny, shape):
+def test_graphed_drafting_matches_eager_and_plain(cuda_tiny, shape, compile):
     tiny, trained = cuda_tiny
     results = {}
     for graphs in (False, True):
         runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "fast", max_seq_len=256)
         dec = SpeculativeDecoder(runner, trained, SPECS[shape], tokenizer=tiny.target.tokenizer)
-        dec.drafter = Drafter(trained, SPECS[shape], max_seq_len=256, cuda_graphs=graphs)
+        dec.drafter = Drafter(
+            trained, SPECS[shape], max_seq_len=256, cuda_graphs=graphs, compile=compile and graphs
+        )
         results[graphs] = [dec.generate(p, max_new_tokens=TOKENS) for p in tiny.prompts]
         if graphs:
             assert dec.drafter._graphs is not None and len(dec.drafter._graphs) > 0, "no graph was captured"

@@ -154,6 +154,7 @@ class Drafter:
         *,
         max_seq_len: int | None = None,
         cuda_graphs: bool | None = None,
+        compile: bool = False,
     ) -> None:
         if spec.topk > draft.config.draft_vocab_size:
             raise ValueError(
@@ -176,6 +177,12 @@ class Drafter:
         if self.use_graphs and not on_cuda:
             raise ConfigError("Drafter: cuda_graphs=True needs the draft on CUDA", fix="cuda_graphs=None")
         self._graphs = GraphCache(self.device) if self.use_graphs else None
+        # Each draft forward is ~100 small kernels (norms, RoPE, masks, softmax); torch.compile fuses
+        # the elementwise ones, and the CUDA graph then replays the fused kernels.
+        draft.rope(
+            torch.zeros(1, 1, dtype=torch.long, device=self.device), self.dtype
+        )  # RoPE table on device
+        self._forward = torch.compile(draft.forward, dynamic=True) if compile else draft.forward
         # Rows of a verified path: at most one per draft step plus the bonus; longer extends
         # (the prompt) run eagerly.
         self.graph_max_extend_rows = spec.num_steps + 1
@@ -298,7 +305,7 @@ class Drafter:
         self.cache.write(positions, window)
         mask = self._slots[:window][None, :] <= positions[:, None]  # [n, W] causal over committed rows
         hidden = self.draft.project(aux[None])  # [1, n, H]
-        out = self.draft(
+        out = self._forward(
             tokens[None], hidden, positions[None], kv=self.cache, mask=mask, compute_logits=False
         )
         last = out.hidden[:, -1:]  # [1, 1, H]
@@ -355,7 +362,7 @@ class Drafter:
         in_tree = (tree_row >= 0) & (tree_row < R + K)
         mask = (tree_row < 0)[None, :] | (sees[:, tree_row.clamp(0, R + K - 1)] & in_tree[None, :])  # [K, W]
         positions = (self._root_position + (depth - 1)).expand(1, K)  # [1, K]
-        out = self.draft(frontier.tokens[None], frontier.hidden, positions, kv=self.cache, mask=mask)
+        out = self._forward(frontier.tokens[None], frontier.hidden, positions, kv=self.cache, mask=mask)
         return out, sees
 
     def _select(self, pool: _Pool) -> DraftTree:

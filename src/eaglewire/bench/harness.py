@@ -11,9 +11,8 @@ Methods (`METHODS`):
 | `hf-prompt-lookup`   | transformers prompt-lookup decoding                                   |
 | `hf-static-compiled` | transformers static cache + torch.compile ("not available" where it cannot run) |
 
-Timing (`eaglewire.bench.timing`): per method, `warmup` untimed runs of the first prompt, then
-each prompt `repeats` times (CUDA events on a GPU, perf_counter on CPU); a prompt's time is the
-median. Greedy outputs of every method are compared with `plain` (or the first method that ran)
+Timing (`eaglewire.bench.timing`): per method and prompt, `warmup` untimed runs, then `repeats`
+timed ones (CUDA events on a GPU, perf_counter on CPU); a prompt's time is the median. Greedy outputs of every method are compared with `plain` (or the first method that ran)
 and every difference is reported; a speculative decoder that differs from plain greedy is a bug.
 """
 
@@ -71,7 +70,7 @@ class BenchConfig:
     tree_num_draft_tokens: int = help_field(
         "eagle-tree: SGLang --speculative-num-draft-tokens (root incl.)", default=8
     )
-    warmup: int = help_field("untimed runs of the first prompt per method", default=1)
+    warmup: int = help_field("untimed runs of every prompt per method, before its timed runs", default=1)
     repeats: int = help_field("timed runs per prompt; the median is reported", default=3)
     chat: bool = help_field("apply the target's chat template to the prompts", default=True)
     prompt_lookup_num_tokens: int = help_field(
@@ -145,15 +144,16 @@ def measure_method(
     repeats: int,
     settings: dict[str, Any] | None = None,
 ) -> MethodResult:
-    """Time `fn` on every prompt of `work` (warm-up on the first prompt, then the median of repeats)."""
-    first, n = work.prompt_ids[0], work.max_new_tokens
-    for _ in range(warmup):
-        fn(first, n)
+    """Time `fn` on every prompt of `work`: `warmup` untimed runs of that prompt, then the median of
+    `repeats`. Warming every prompt (not just the first) keeps CUDA-graph capture and compilation for
+    each prompt's lengths out of the timings, as a server captures its graphs before serving; a
+    first-prompt-only warm-up measured up to 30x slower first runs on the H200."""
+    n = work.max_new_tokens
     runs = []
     for prompt, ids in tqdm(
         list(zip(work.prompts.prompts, work.prompt_ids, strict=True)), desc=name, unit="prompt", leave=False
     ):
-        timed = work.watch.measure(lambda ids=ids: fn(ids, n), warmup=0, repeats=repeats)  # type: ignore[misc]
+        timed = work.watch.measure(lambda ids=ids: fn(ids, n), warmup=warmup, repeats=repeats)  # type: ignore[misc]
         out: Outcome = timed.value
         runs.append(
             PromptRun(

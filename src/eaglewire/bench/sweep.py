@@ -57,7 +57,7 @@ class SweepConfig:
         "batch sizes (speculative decoding runs at batch 1)", default=(1,)
     )
     max_new_tokens: int = help_field("most tokens generated per prompt", default=256)
-    warmup: int = help_field("untimed runs of the first prompt per setting", default=1)
+    warmup: int = help_field("untimed runs of each prompt per setting, before its timed runs", default=1)
     repeats: int = help_field("timed runs per prompt; the median is used", default=1)
     chat: bool = help_field("apply the target's chat template", default=True)
 

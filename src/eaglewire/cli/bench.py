@@ -71,7 +71,7 @@ def bench(
     prompt_lookup_num_tokens: int = typer.Option(
         10, "--prompt-lookup-num-tokens", help="hf-prompt-lookup setting"
     ),
-    warmup: int = typer.Option(1, "--warmup", help="untimed runs of the first prompt per method/setting"),
+    warmup: int = typer.Option(1, "--warmup", help="untimed runs of each prompt per method or sweep setting"),
     repeats: int = typer.Option(
         None, "--repeats", help="timed runs per prompt, median reported (default 3; --sweep: 1)"
     ),

@@ -4,25 +4,49 @@ Runs the same training-time-test forward as training (ground-truth tokens, the d
 states, serving positions and masks) and records, for every position t and step s, the rank of
 the target's argmax token among the draft's logits (0 = the draft's top-1 is that token).
 
-Estimator (greedy verification; tau counts the bonus token, as SGLang/vLLM/EAGLE do):
+Prediction (greedy verification; tau counts the bonus token, as SGLang/vLLM/EAGLE do), by
+**replay** (the default: `EvalResult.tau_chain`, `EvalResult.tau_tree`, `replay_tree`):
 
-* chain of k draft tokens: tau_pred = 1 + sum_{s=1..k} prod_{j<=s} cond_acc_j, where cond_acc_j
-  is the accuracy of draft token j over the positions whose tokens 1..j-1 were all right
-  (`EvalResult.summary()["cond_acc"][j-1]`). Each product is the probability that the first s
-  draft tokens are all accepted.
-* tree: a tree is a set of nodes, each a path of ranks (r_1, ..., r_d) from the root, e.g.
-  (0,), (1,), (0, 0): "the draft's best token, its second best, and the best continuation of the
-  first". Under greedy verification a node is accepted iff at every depth j the target's token is
-  the draft's rank-r_j token, so tau_pred = 1 + sum_nodes P(node), with
+  A tree is a set of nodes, each a path of ranks (r_1, ..., r_d) from the root, e.g. (0,), (1,),
+  (0, 0): "the draft's best token, its second best, and the best continuation of the first"; a
+  chain of k draft tokens is the tree (0,), (0, 0), ..., (0,)*k. Step s at row t drafts token s+1
+  of a round that starts right after x[t+1] was emitted, fed the true tokens before it, which is
+  what serving computes when the earlier drafts were accepted; so the drafts a round starting at
+  row t accepts are n_t = the longest prefix of the true path (ranks[t, 0], ranks[t, 1], ...) that
+  is a node of the tree (every step of it valid). Replay decodes each response (a run of rows
+  valid at step 0 inside one record) the way an engine does:
+
+      t = first row of the response + 1   # that row's step 0 predicts the response's first token,
+                                          # which the target's prefill emits, not a round
+      while t is in the response:  n = n_t;  emit n + 1 tokens (bonus included);  t += n + 1
+
+  tau_pred = tokens emitted / rounds = 1 + mean of n_t over the rows a decoder *visits*, and
+  per-position acceptance[j-1] = fraction of rounds with n_t >= j (the engine's definition).
+  Rounds are not a uniform sample of positions: a round starts right after the previous round's
+  first rejected draft, and draft errors cluster (hard stretches of text get many short rounds,
+  easy stretches few long ones), so the visited rows are harder than the average row.
+
+The **position-averaged** formula (`position_averaged_tau_chain`, `position_averaged_tau_tree`;
+what the prediction used to be, kept for comparison) averages over *all* rows instead:
+
+* chain of k: tau = 1 + sum_{s=1..k} prod_{j<=s} cond_acc_j, where cond_acc_j is the accuracy
+  of draft token j over the positions whose tokens 1..j-1 were all right
+  (`EvalResult.summary()["cond_acc"][j-1]`); each product is P(the first s drafts are accepted).
+* tree: tau = 1 + sum_nodes P(node), with
   P(r_1..r_d) = prod_j  #{positions valid at depth j whose ranks at depths < j are r_1..r_{j-1}
                           and whose rank at depth j is r_j} / #{... the same without the last condition}.
-  For the chain (0,)*s this is exactly the product of cond_acc above.
+  For the chain (0,)*s this is exactly the product of cond_acc above. It is 1 + the mean of n_t
+  over *every* row valid at step 0 (up to the rows near a response's end, whose deeper steps are
+  not counted), and overestimates live tau when errors cluster (measured on an H200: chain of 5
+  predicted 3.07 position-averaged, measured 2.09).
 
 Assumptions (what makes it a prediction, not a measurement): the draft at depth j is fed the
 ground-truth token, which equals the accepted token when the data is the target's own greedy
 output (regenerate it); sibling order equals the draft's ranking, as in EAGLE's top-k expansion;
-prompts in the eval set resemble the served ones. A dynamic tree (SGLang's topk/num_steps/
-num_draft_tokens reranking) is approximated by the static tree of the same nodes.
+prompts in the eval set resemble the served ones; every response is served as its own request
+(its prompt = the record up to it, prefilled at once). Under these a static tree's replay is exact.
+A dynamic tree (SGLang's topk/num_steps/num_draft_tokens, reranked per round by draft scores) is
+approximated by the static tree of the same nodes; responses truncated at max_length end early.
 """
 
 from __future__ import annotations
@@ -31,7 +55,7 @@ import logging
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
@@ -50,7 +74,8 @@ RANK_CAP = 32767  # ranks are stored as int16
 
 
 def predicted_tau_chain(cond_acc: Sequence[float], k: int) -> float:
-    """tau_pred = 1 + sum_{s=1..k} prod_{j<=s} cond_acc[j-1]; a NaN (no positions) counts as 0."""
+    """The position-averaged chain formula (module docstring): 1 + sum_{s=1..k} prod_{j<=s} cond_acc[j-1];
+    a NaN (no positions) counts as 0. Overestimates live tau; `replay_tree` is the default prediction."""
     if k < 0 or k > len(cond_acc):
         raise ConfigError(
             f"chain length k={k}: expected 0..{len(cond_acc)} (accuracy measured for {len(cond_acc)} steps)"
@@ -80,15 +105,26 @@ def validate_tree(tree: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     return nodes
 
 
-def predicted_tau_tree(ranks: torch.Tensor, valid: torch.Tensor, tree: Sequence[Sequence[int]]) -> float:
-    """ranks [N, S] int, valid [N, S] bool (per position and depth, see module docstring)."""
-    nodes = validate_tree(tree)
+def _check_depth(nodes: Sequence[tuple[int, ...]], steps: int) -> int:
     depth = max(len(p) for p in nodes)
-    if depth > ranks.shape[1]:
+    if depth > steps:
         raise ConfigError(
-            f"tree depth {depth} exceeds the {ranks.shape[1]} steps evaluated",
+            f"tree depth {depth} exceeds the {steps} steps evaluated",
             fix=f"evaluate with --num-steps {depth}",
         )
+    return depth
+
+
+def chain_tree(k: int) -> list[tuple[int, ...]]:
+    """The chain of k draft tokens as a tree: (0,), (0, 0), ..., (0,)*k."""
+    return [(0,) * d for d in range(1, k + 1)]
+
+
+def predicted_tau_tree(ranks: torch.Tensor, valid: torch.Tensor, tree: Sequence[Sequence[int]]) -> float:
+    """The position-averaged tree formula (module docstring); ranks [N, S] int, valid [N, S] bool per
+    position and depth. Overestimates live tau; `replay_tree` is the default prediction."""
+    nodes = validate_tree(tree)
+    _check_depth(nodes, ranks.shape[1])
     tau = 1.0
     for path in nodes:
         match = torch.ones(ranks.shape[0], dtype=torch.bool)
@@ -102,26 +138,174 @@ def predicted_tau_tree(ranks: torch.Tensor, valid: torch.Tensor, tree: Sequence[
     return tau
 
 
+def accepted_drafts(ranks: torch.Tensor, valid: torch.Tensor, tree: Sequence[Sequence[int]]) -> torch.Tensor:
+    """ranks [N, S] int, valid [N, S] bool -> [N] int64: the drafts a round starting at each row
+    accepts under greedy verification of the static `tree` (given the true prefix): the longest
+    prefix of the row's rank path (ranks[t, 0], ranks[t, 1], ...) that is a tree node and valid."""
+    nodes = validate_tree(tree)
+    depth = _check_depth(nodes, ranks.shape[1])
+    index = {p: i + 1 for i, p in enumerate(nodes)}  # node -> row of `child`; 0 = the root
+    width = max(p[-1] for p in nodes) + 1  # ranks >= width have no node
+    child = torch.full((len(nodes) + 1, width), -1, dtype=torch.long)  # [nodes+1, width]
+    for p, i in index.items():
+        child[index.get(p[:-1], 0), p[-1]] = i
+    at = torch.zeros(ranks.shape[0], dtype=torch.long)  # [N] node reached so far
+    alive = torch.ones(ranks.shape[0], dtype=torch.bool)
+    accepted = torch.zeros(ranks.shape[0], dtype=torch.long)
+    for j in range(depth):
+        r = ranks[:, j].long()
+        nxt = child[at, r.clamp(0, width - 1)]
+        alive = alive & valid[:, j] & (r < width) & (nxt >= 0)
+        at = torch.where(alive, nxt, at)
+        accepted += alive
+    return accepted
+
+
+def response_spans(valid0: torch.Tensor, segments: Sequence[int]) -> list[tuple[int, int]]:
+    """valid0 [N] bool (rows valid at step 0, record slices back to back), segments: rows per slice
+    (sum N) -> [start, end) row spans of each response: a maximal run of valid rows inside one slice."""
+    v = valid0.reshape(-1).bool()
+    n = int(v.numel())
+    if sum(segments) != n:
+        raise ValueError(f"segments cover {sum(segments)} rows, expected {n}")
+    first = torch.zeros(n, dtype=torch.bool)
+    last = torch.zeros(n, dtype=torch.bool)
+    offset = 0
+    for size in segments:
+        if size > 0:
+            first[offset] = True
+            last[offset + size - 1] = True
+        offset += size
+    prev = torch.cat([torch.zeros(1, dtype=torch.bool), v[:-1]]) if n else v
+    nxt = torch.cat([v[1:], torch.zeros(1, dtype=torch.bool)]) if n else v
+    starts = (v & (first | ~prev)).nonzero().squeeze(1).tolist()
+    ends = (v & (last | ~nxt)).nonzero().squeeze(1).tolist()
+    return [(int(a), int(b) + 1) for a, b in zip(starts, ends, strict=True)]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Greedy speculative decoding replayed over held-out responses (see the module docstring)."""
+
+    tau: float  # tokens emitted per verification round, bonus included (1.0 when there are no rounds)
+    rounds: int  # verification rounds
+    tokens: int  # tokens the rounds emitted
+    per_position_acceptance: list[float]  # [D] fraction of rounds that accepted >= j drafts, j = 1..D
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tau": self.tau, "rounds": self.rounds, "tokens": self.tokens,
+                "per_position_acceptance": self.per_position_acceptance}  # fmt: skip
+
+
+def replay_accepted(accepted: torch.Tensor, spans: Sequence[tuple[int, int]], depth: int) -> Replay:
+    """accepted [N] int (drafts a round starting at each row accepts, at most `depth`), spans from
+    `response_spans` -> the Replay: each response from its second row, n accepted -> n + 1 tokens,
+    next round at t + n + 1."""
+    acc = accepted.tolist()
+    hist = [0] * (depth + 1)  # rounds by number of accepted drafts
+    for start, end in spans:
+        t = start + 1
+        while t < end:
+            n = acc[t]
+            hist[n] += 1
+            t += n + 1
+    rounds = sum(hist)
+    tokens = sum((n + 1) * h for n, h in enumerate(hist))
+    per_position = [sum(hist[j:]) / rounds if rounds else 0.0 for j in range(1, depth + 1)]
+    return Replay(tokens / rounds if rounds else 1.0, rounds, tokens, per_position)
+
+
+def replay_tree(
+    ranks: torch.Tensor, valid: torch.Tensor, segments: Sequence[int], tree: Sequence[Sequence[int]]
+) -> Replay:
+    """ranks [N, S] int, valid [N, S] bool (record slices back to back), segments: rows per slice ->
+    the replayed decoding of the static `tree` (a chain is `chain_tree(k)`)."""
+    nodes = validate_tree(tree)
+    accepted = accepted_drafts(ranks, valid, nodes)  # checks the depth against S
+    spans = response_spans(valid[:, 0], segments)
+    return replay_accepted(accepted, spans, max(len(p) for p in nodes))
+
+
 @dataclass
 class EvalResult:
     counts: StepCounts
     step_weights: list[float]
-    ranks: torch.Tensor  # [N, S] int16, positions in range at step 0
+    ranks: torch.Tensor  # [N, S] int16, positions in range at step 0, record slices back to back
     valid: torch.Tensor  # [N, S] bool
     records: int
     tokens: int
+    segments: tuple[int, ...] | None = None  # rows of `ranks` per record slice, in order; None: one slice
+    _replays: dict[tuple[tuple[int, ...], ...], Replay] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def num_steps(self) -> int:
         return int(self.counts.table.shape[0])
 
+    @property
+    def has_positions(self) -> bool:
+        """Whether per-position ranks were kept (`with_ranks`), which replay and trees need."""
+        return self.ranks.shape[0] > 0 or not any(self.counts.column("valid"))
+
+    @property
+    def prediction_method(self) -> str:
+        """What `tau_chain` / `tau_tree` compute (the bench prediction check reports it)."""
+        return "replay"
+
     def summary(self) -> dict[str, Any]:
-        return {**self.counts.summary(self.step_weights), "records": self.records, "tokens": self.tokens}
+        """The count-table metrics; with per-position ranks also the predictions for every chain length
+        k = 1..S: `predicted_tau_chain` (replay), `position_averaged_tau_chain`, and the replayed
+        per-position acceptance and rounds of the longest chain."""
+        out: dict[str, Any] = {**self.counts.summary(self.step_weights), "records": self.records,
+                               "tokens": self.tokens}  # fmt: skip
+        if self.has_positions and self.num_steps > 0:
+            ks = range(1, self.num_steps + 1)
+            longest = self.replay_chain(self.num_steps)
+            out["predicted_tau_chain"] = [self.tau_chain(k) for k in ks]
+            out["position_averaged_tau_chain"] = [self.position_averaged_tau_chain(k) for k in ks]
+            out["predicted_per_position_acceptance"] = longest.per_position_acceptance
+            out["replay_rounds"] = longest.rounds
+        return out
+
+    def replay_tree(self, tree: Sequence[Sequence[int]]) -> Replay:
+        """The replayed decoding of a static tree (cached per tree)."""
+        nodes = tuple(validate_tree(tree))
+        if not self.has_positions:
+            raise ConfigError(
+                "this evaluation kept no per-position ranks (evaluate_model(..., with_ranks=False)); "
+                "replay and tree predictions need them",
+                fix="evaluate with with_ranks=True (eaglewire eval / evaluate_draft do)",
+            )
+        if nodes not in self._replays:
+            segments = self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
+            self._replays[nodes] = replay_tree(self.ranks, self.valid, segments, nodes)
+        return self._replays[nodes]
+
+    def replay_chain(self, k: int) -> Replay:
+        if k < 0 or k > self.num_steps:
+            raise ConfigError(
+                f"chain length k={k}: expected 0..{self.num_steps} (accuracy measured for {self.num_steps} steps)"
+            )
+        if k == 0:
+            return Replay(1.0, 0, 0, [])
+        return self.replay_tree(chain_tree(k))
 
     def tau_chain(self, k: int) -> float:
-        return predicted_tau_chain(self.summary()["cond_acc"], k)
+        """Predicted tau of a chain of k drafts (replay, the default prediction)."""
+        return self.replay_chain(k).tau
 
     def tau_tree(self, tree: Sequence[Sequence[int]]) -> float:
+        """Predicted tau of a static tree (replay, the default prediction)."""
+        return self.replay_tree(tree).tau
+
+    def position_averaged_tau_chain(self, k: int) -> float:
+        """The position-averaged chain formula (module docstring), from the count table alone."""
+        cond_acc: Any = self.counts.summary(self.step_weights)["cond_acc"]
+        return predicted_tau_chain(cond_acc, k)
+
+    def position_averaged_tau_tree(self, tree: Sequence[Sequence[int]]) -> float:
+        """The position-averaged tree formula (module docstring)."""
         return predicted_tau_tree(self.ranks, self.valid, tree)
 
 
@@ -155,6 +339,7 @@ def evaluate_model(
     counts = StepCounts(num_steps, device=ctx.device)
     rank_parts: list[torch.Tensor] = []
     valid_parts: list[torch.Tensor] = []
+    segments: list[int] = []  # step-0 rows of each record slice, in the order of rank_parts
     tokens = torch.zeros((), dtype=torch.float64, device=ctx.device)
     rounds = math.ceil(len(batches) / ctx.world_size) if batches else 0
     was_training = model.training
@@ -178,6 +363,12 @@ def evaluate_model(
                 [step_valid(b.doc_ids, b.loss_mask, s) for s in range(num_steps)]
             )  # [S, B, T]
             valid_parts.append(valid[:, keep].T.cpu())
+            host = b.host if b.host is not None else b
+            host_ids = host.doc_ids.cpu()
+            host_keep = step_in_range(host_ids, 0)  # [B, T], as `keep`
+            for ids, row_keep in zip(host_ids, host_keep, strict=True):  # record slices of each row
+                _, sizes = torch.unique_consecutive(ids[row_keep], return_counts=True)
+                segments.extend(int(n) for n in sizes)
     model.train(was_training)
     all_reduce_sum(counts.table, ctx)
     all_reduce_sum(tokens, ctx)
@@ -186,8 +377,9 @@ def evaluate_model(
     if with_ranks and ctx.distributed:
         ranks = torch.cat(all_gather_objects(ranks, ctx))
         valid_t = torch.cat(all_gather_objects(valid_t, ctx))
+        segments = [n for part in all_gather_objects(segments, ctx) for n in part]
     num_records = sum(len(row) for row in rows)
-    return EvalResult(counts, step_weights, ranks, valid_t, num_records, int(tokens))
+    return EvalResult(counts, step_weights, ranks, valid_t, num_records, int(tokens), tuple(segments))
 
 
 def evaluate_draft(

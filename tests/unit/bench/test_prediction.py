@@ -25,7 +25,10 @@ from eaglewire.train.evaluate import predicted_tau_tree
 
 
 class RanksPredictor:
-    """The trainer's tree estimator over hand-made ranks (what EvalResult.tau_tree does)."""
+    """The trainer's position-averaged tree estimator over hand-made ranks, as both the prediction and
+    the position-averaged value (what EvalResult.position_averaged_tau_tree does)."""
+
+    prediction_method = "position_averaged"
 
     def __init__(self, ranks: list[list[int]]) -> None:
         self.ranks = torch.tensor(ranks)
@@ -36,6 +39,9 @@ class RanksPredictor:
 
     def tau_tree(self, tree) -> float:  # type: ignore[no-untyped-def]
         return predicted_tau_tree(self.ranks, self.valid, tree)
+
+    position_averaged_tau_chain = tau_chain
+    position_averaged_tau_tree = tau_tree
 
 
 def test_chain_prediction_from_cond_acc() -> None:
@@ -58,7 +64,9 @@ def test_rows_error_and_summary() -> None:
     assert s["mean_abs_error"] == pytest.approx(0.3) and s["max_abs_error"] == pytest.approx(0.4)
     assert s["mean_abs_relative_error"] == pytest.approx((0.2 / 1.8 + 0.4 / 2.2) / 2)
     md = prediction_markdown(rows)
-    assert "| 1 | 1 | 2 | 1.80 | 2.00 | +0.20 | +11.1% |" in md
+    assert "| 1 | 1 | 2 | 1.80 | 2.00 | +0.20 | +11.1% | 1.80 |" in md
+    assert rows[0].prediction_method == "position_averaged"  # a summary without replay numbers
+    assert rows[0].to_json()["position_averaged_tau"] == pytest.approx(1.8)
     assert prediction_summary([PredictionRow({}, None, 2.0)]) == {"settings_compared": 0}
 
 
@@ -89,6 +97,16 @@ def test_summary_predictor_files(tmp_path: Path) -> None:
         p is not None and p.cond_acc[0] == 0.5 and p.tau_chain(2) == pytest.approx(1.5)
     )  # NaN step counts as 0
     assert find_summary_predictor(tmp_path) is None
+    # a summary from an evaluation that kept per-position ranks carries the replayed chain taus
+    (run / "train_summary.json").write_text(
+        json.dumps({"eval": {"cond_acc": [0.5, 0.5], "predicted_tau_chain": [1.4, 1.45]}})
+    )
+    p = find_summary_predictor(run / "draft")
+    assert p is not None and p.prediction_method == "replay"
+    assert p.tau_chain(2) == pytest.approx(1.45) and p.position_averaged_tau_chain(2) == pytest.approx(1.75)
+    row = prediction_rows(p, [(SpecArgs.chain(2), 1.5)])[0]
+    assert row.predicted_tau == pytest.approx(1.45) and row.position_averaged_tau == pytest.approx(1.75)
+    assert row.prediction_method == "replay" and row.error == pytest.approx(0.05)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"acc": [0.5]}))
     with pytest.raises(DataFormatError, match="no 'cond_acc'"):
@@ -115,8 +133,11 @@ def test_real_evaluation_predicts_chains_and_trees(tiny_target, draft_dir) -> No
     chain, tree = SpecArgs.chain(3), SpecArgs(num_steps=3, topk=2, num_draft_tokens=5)
     rows = prediction_rows(result, [(chain, 1.25), (tree, 1.5)])
     assert rows[0].predicted_tau == pytest.approx(result.tau_chain(3))
+    assert rows[0].position_averaged_tau == pytest.approx(result.position_averaged_tau_chain(3))
+    assert all(r.prediction_method == "replay" for r in rows)
     nodes = tree_for_spec(result, tree)
     assert len(nodes) == 4 and all(len(n) == 1 or n[:-1] in nodes for n in nodes)
     assert rows[1].predicted_tau == pytest.approx(result.tau_tree(nodes))
+    assert rows[1].position_averaged_tau == pytest.approx(result.position_averaged_tau_tree(nodes))
     assert all(r.predicted_tau is not None and r.predicted_tau >= 1.0 for r in rows)
     assert rows[1].error == pytest.approx(1.5 - rows[1].predicted_tau)

@@ -7,7 +7,19 @@ import torch
 
 from eaglewire.draft.init import init_draft
 from eaglewire.errors import ConfigError
-from eaglewire.train.evaluate import evaluate_draft, full_tree, predicted_tau_chain, predicted_tau_tree
+from eaglewire.train.evaluate import (
+    EvalResult,
+    accepted_drafts,
+    chain_tree,
+    evaluate_draft,
+    full_tree,
+    predicted_tau_chain,
+    predicted_tau_tree,
+    replay_accepted,
+    replay_tree,
+    response_spans,
+)
+from eaglewire.train.loss import StepCounts
 from eaglewire.train.target_side import OfflineTarget, TargetHead
 
 
@@ -38,6 +50,111 @@ def test_tree_estimator_on_a_hand_table():
         predicted_tau_tree(ranks, valid, [(0,), (0, 0), (0, 0, 0)])
 
 
+def _region(n: int, steps: int) -> torch.Tensor:
+    """valid [n, steps] of one response that fills a record: row t, step s valid while t + s < n."""
+    t = torch.arange(n)[:, None]
+    s = torch.arange(steps)[None, :]
+    return t + s < n
+
+
+def test_replay_chain_on_clustered_errors():
+    # One response of 13 rows, chain of 2. Row 0's step 0 predicts the response's first token (the
+    # prefill emits it): never a round. Rows 1-4 are a hard stretch (both drafts wrong), rows 5-12 an
+    # easy one (both right; row 12's second draft is past the end).
+    ranks = torch.tensor([[0, 0]] + [[1, 1]] * 4 + [[0, 0]] * 8, dtype=torch.int16)
+    valid = _region(13, 2)
+    assert accepted_drafts(ranks, valid, chain_tree(2)).tolist() == [2, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 1]
+    r = replay_tree(ranks, valid, [13], chain_tree(2))
+    # rounds at t = 1, 2, 3, 4 (1 token each), 5, 8, 11 (3 tokens each): 13 tokens / 7 rounds
+    assert (r.rounds, r.tokens) == (7, 13)
+    assert r.tau == pytest.approx(13 / 7)
+    assert r.per_position_acceptance == pytest.approx([3 / 7, 3 / 7])
+    # the position average sees 9 easy rows of 13: 1 + 9/13 + 9/13 * 8/8, far above the replay
+    assert predicted_tau_tree(ranks, valid, chain_tree(2)) == pytest.approx(31 / 13)
+    assert predicted_tau_chain([9 / 13, 1.0], 2) == pytest.approx(31 / 13)
+    # chain of 1: every row from 1 is a round start of its own unless the previous round accepted
+    r1 = replay_tree(ranks, valid, [13], chain_tree(1))
+    # t = 1,2,3,4 (0), 5 (1) -> 7 (1) -> 9 (1) -> 11 (1) -> 13: 8 rounds, 4 + 8 tokens
+    assert (r1.rounds, r1.tokens, r1.per_position_acceptance) == (8, 12, [0.5])
+
+
+def test_replay_walks_each_response_of_each_record():
+    # Two record slices back to back: 5 rows (row 0 prompt) and 8 rows (two responses: rows 0-2, 5-7).
+    valid0 = torch.tensor([0, 1, 1, 1, 1] + [1, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
+    spans = response_spans(valid0, [5, 8])
+    assert spans == [(1, 5), (5, 8), (10, 13)]
+    # rows 1|2,3,4  5|6,7  10|11,12  are (prefill row | rounds)
+    accepted = torch.tensor([9, 9, 2, 9, 0] + [9, 1, 0, 9, 9, 9, 0, 0])
+    r = replay_accepted(accepted, spans, depth=2)
+    # slice 1: t=2 (2) -> 5: end. slice 2: t=6 (1) -> 8: end; t=11 (0) -> 12 (0) -> 13: end
+    assert (r.rounds, r.tokens) == (4, 3 + 2 + 1 + 1)
+    assert r.per_position_acceptance == pytest.approx([2 / 4, 1 / 4])
+    # a response of one row has no rounds; so has an empty evaluation
+    assert replay_accepted(torch.tensor([0]), response_spans(torch.tensor([True]), [1]), 1).rounds == 0
+    empty = replay_tree(
+        torch.zeros(0, 2, dtype=torch.int16), torch.zeros(0, 2, dtype=torch.bool), [], chain_tree(2)
+    )
+    assert (empty.tau, empty.rounds) == (1.0, 0)
+    with pytest.raises(ValueError, match="segments"):
+        response_spans(valid0, [5, 7])
+
+
+def test_replay_tree_follows_the_true_rank_path():
+    tree = [(0,), (1,), (0, 0), (1, 0)]
+    #                  row: 0=prefill, 1: [1,0] -> 2 via (1,),(1,0); 4: [0,1] -> 1; 6: [2,0] -> 0; 7: [0,0] -> 2
+    ranks = torch.tensor([[0, 0], [1, 0], [5, 5], [5, 5], [0, 1], [5, 5], [2, 0], [0, 0], [0, 0], [0, 0]])
+    valid = _region(10, 2)
+    assert accepted_drafts(ranks, valid, tree).tolist() == [2, 2, 0, 0, 1, 0, 0, 2, 2, 1]
+    r = replay_tree(ranks, valid, [10], tree)
+    # t = 1 (2) -> 4 (1) -> 6 (0) -> 7 (2) -> 10: 4 rounds, 3 + 2 + 1 + 3 tokens
+    assert (r.rounds, r.tokens, r.tau) == (4, 9, 9 / 4)
+    assert r.per_position_acceptance == pytest.approx([3 / 4, 2 / 4])
+    # position-averaged over all rows: P((0,)) = 5/10, P((1,)) = 1/10, P((0, 0)) = 5/10 * 3/4 (row 9 has
+    # no depth 2), P((1, 0)) = 1/10 * 1/1
+    assert predicted_tau_tree(ranks, valid, tree) == pytest.approx(1 + 0.5 + 0.1 + 0.375 + 0.1)
+
+
+def test_result_without_ranks_predicts_position_averaged_only():
+    counts = StepCounts(2)
+    counts.table[:, 0] = 10.0  # valid rows
+    counts.table[:, 4] = torch.tensor([10.0, 5.0])  # chain_prev
+    counts.table[:, 5] = torch.tensor([5.0, 5.0])  # chain_correct
+    res = EvalResult(
+        counts, [1.0, 0.8], torch.zeros(0, 2, dtype=torch.int16), torch.zeros(0, 2, dtype=torch.bool), 1, 12
+    )
+    assert not res.has_positions and "predicted_tau_chain" not in res.summary()
+    assert res.position_averaged_tau_chain(2) == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="per-position"):
+        res.tau_chain(2)
+
+
+def _naive_replay(ranks: torch.Tensor, valid: torch.Tensor, lengths: list[int], k: int) -> tuple[int, int]:
+    """Replay written out per record from its step-0 rows (rows t = 0..len-3), as the module docstring says."""
+    rounds = tokens = 0
+    offset = 0
+    for n in lengths:
+        rows = n - 2
+        rk, vk = ranks[offset : offset + rows], valid[offset : offset + rows]
+        offset += rows
+        t = 0
+        while t < rows:
+            if not vk[t, 0]:
+                t += 1
+                continue
+            end = t
+            while end < rows and vk[end, 0]:
+                end += 1
+            t += 1
+            while t < end:
+                acc = 0
+                while acc < k and vk[t, acc] and rk[t, acc] == 0:
+                    acc += 1
+                rounds, tokens = rounds + 1, tokens + acc + 1
+                t += acc + 1
+            t = end
+    return rounds, tokens
+
+
 def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
     d2t = torch.arange(0, tiny_target.vocab_size, 3)  # a partial draft vocab: some target tokens are OOV
     draft = init_draft(tiny_target, tiny_contract, draft_to_target=d2t, seed=0)
@@ -60,5 +177,23 @@ def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
     assert oov_step0 == expected_oov
     # the rank table and the count table agree: chain estimate from cond_acc == tree estimate of the chain
     for k in (1, 2, 3):
-        assert res.tau_chain(k) == pytest.approx(res.tau_tree([(0,) * d for d in range(1, k + 1)]))
-    assert res.tau_tree(full_tree(2, 2)) >= res.tau_chain(2)
+        assert res.position_averaged_tau_chain(k) == pytest.approx(
+            res.position_averaged_tau_tree(chain_tree(k))
+        )
+        assert res.tau_chain(k) == pytest.approx(res.tau_tree(chain_tree(k)))
+    assert res.position_averaged_tau_tree(full_tree(2, 2)) >= res.position_averaged_tau_chain(2)
+    # the replay: one record slice per record (packed rows split back), the same as a per-record walk
+    lengths = [len(r.input_ids) for r in eval_captured]
+    assert res.segments == tuple(n - 2 for n in lengths)
+    for k in (1, 3):
+        rounds, tokens = _naive_replay(res.ranks, res.valid, lengths, k)
+        replay = res.replay_chain(k)
+        assert (replay.rounds, replay.tokens) == (rounds, tokens) and rounds > 0
+        assert res.tau_chain(k) == pytest.approx(tokens / rounds)
+    assert s["predicted_tau_chain"] == pytest.approx([res.tau_chain(k) for k in (1, 2, 3)])
+    assert s["position_averaged_tau_chain"] == pytest.approx(
+        [res.position_averaged_tau_chain(k) for k in (1, 2, 3)]
+    )
+    assert (
+        len(s["predicted_per_position_acceptance"]) == 3 and s["replay_rounds"] == res.replay_chain(3).rounds
+    )

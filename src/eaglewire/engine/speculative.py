@@ -59,6 +59,16 @@ def _prefill(runner: TargetRunner, context: list[int]) -> torch.Tensor:
     return fwd.aux[0]
 
 
+def _commit(runner: TargetRunner, path: list[int], path_device: torch.Tensor) -> None:
+    """Keep the accepted path's K/V. A path that is a prefix of the tree's nodes (every chain, and a
+    tree's first-ranked branch) is already in place: the runner then only advances its length."""
+    n = len(path)
+    if path == list(range(n)) and hasattr(runner, "commit_prefix"):
+        runner.commit_prefix(torch.tensor([n]))  # a host count: no copy, no host-to-device transfer
+    else:
+        runner.commit(path_device[None], torch.tensor([n], device=runner.device))
+
+
 def speculative_generate(
     runner: TargetRunner,
     drafter: Drafter | None,
@@ -104,7 +114,7 @@ def speculative_generate(
             verdict: Verdict = verify(tree, fwd.logits[0], sampling, verify_generator)
         with timers.phase("accept"):
             path = torch.tensor(verdict.path, device=device)
-            runner.commit(path[None], torch.tensor([len(verdict.path)], device=device))
+            _commit(runner, verdict.path, path)
             trace.accepted_per_round.append(verdict.num_accepted_drafts)
             trace.emitted_per_round.append(len(verdict.emitted))
             kept, finish = stop.cut(generated, verdict.emitted)

@@ -81,6 +81,22 @@ def _batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int) -> 
     return out
 
 
+def _to_host(
+    aux: torch.Tensor, final: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
+    """Start copying aux [B, T, A*Ht] and final [B, T, Ht] into pinned host memory; the event
+    marks their arrival (None: already on the host)."""
+    if aux.device.type != "cuda":
+        return aux, final, None
+    aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
+    final_host = torch.empty(final.shape, dtype=final.dtype, pin_memory=True)
+    aux_host.copy_(aux, non_blocking=True)
+    final_host.copy_(final, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return aux_host, final_host, copied
+
+
 def capture_records(
     target: LoadedTarget,
     dataset: TokenizedDataset,
@@ -90,10 +106,16 @@ def capture_records(
     batch_size: int,
     max_batch_tokens: int,
 ) -> list[CapturedRecord]:
-    """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`."""
+    """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`.
+
+    On CUDA every batch's states are copied into pinned host memory without waiting (the copy of
+    batch i overlaps the forward of batch i+1; a pageable `.cpu()` would stall the GPU once per
+    batch); the records are cut out once all batches are queued."""
     recs = [dataset[i] for i in indices]
     lengths = [int(r.input_ids.numel()) for r in recs]
-    out: list[CapturedRecord | None] = [None] * len(recs)
+    device = target.device
+    on_cuda = device.type == "cuda"
+    queued: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.cuda.Event | None]] = []
     for group in _batches(lengths, batch_size, max_batch_tokens):
         width = max(lengths[i] for i in group)
         ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T] right-padded
@@ -101,14 +123,20 @@ def capture_records(
         for row, i in enumerate(group):
             ids[row, : lengths[i]] = recs[i].input_ids
             attn[row, : lengths[i]] = 1
+        if on_cuda:
+            ids, attn = ids.pin_memory(), attn.pin_memory()
         states = capture(
             target.model,
-            ids.to(target.device),
+            ids.to(device, non_blocking=True),
             aux_boundaries=contract.aux_boundaries,
             final=contract.final,
-            attention_mask=attn.to(target.device),
+            attention_mask=attn.to(device, non_blocking=True),
         )
-        aux, final = states.aux.cpu(), states.final.cpu()  # [B, T, A*Ht], [B, T, Ht]
+        queued.append((group, *_to_host(states.aux, states.final)))
+    out: list[CapturedRecord | None] = [None] * len(recs)
+    for group, aux, final, copied in queued:
+        if copied is not None:
+            copied.synchronize()  # the host buffers hold this batch now
         for row, i in enumerate(group):
             T = lengths[i]
             out[i] = CapturedRecord(

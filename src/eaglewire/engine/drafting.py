@@ -25,6 +25,7 @@ masses, which is lossless too. No host synchronisation happens inside `draft`.
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -36,7 +37,7 @@ from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.tree import DraftTree, root_only, select_nodes
 from eaglewire.errors import ConfigError
-from eaglewire.target.runtime.graphs import GraphCache
+from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import kv_bucket
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,10 @@ class Drafter:
         # elementwise ones and the CUDA graph replays the fused kernels. On an H200 (SmolLM2-shaped
         # draft, benchmarks/draft_speed.py) a 5-step chain went 1.15 -> 0.82 ms, an extend 0.17 -> 0.09 ms.
         self.compiled = self.use_graphs if compile is None else compile
-        self._forward = torch.compile(draft.forward, dynamic=True) if self.compiled else draft.forward
+        # a private code object per drafter: compiled entries are kept per code object, so drafters
+        # sharing Eagle3Draft.forward's (a sweep builds one per setting) would pile up recompiles
+        forward = types.MethodType(own_code(type(draft).forward), draft)
+        self._forward = torch.compile(forward, dynamic=True) if self.compiled else draft.forward
         # Rows of a verified path: at most one per draft step plus the bonus; longer extends
         # (the prompt) run eagerly.
         self.graph_max_extend_rows = spec.num_steps + 1

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.engine.timers import PhaseTimers
+from eaglewire.target.runtime.graphs import own_code
 from eaglewire.target.runtime.model import KernelChoices, attention_reduce, linear
-from eaglewire.target.runtime.runner import _own_code
 
 
 def test_disabled_timers_share_one_null_context_and_record_nothing() -> None:
@@ -55,5 +55,5 @@ def test_own_code_copies_behave_like_the_original_with_a_distinct_code_object() 
     def f(a: int, b: int = 2) -> int:
         return a * b
 
-    g = _own_code(f)
+    g = own_code(f)
     assert g(3) == 6 and g(3, b=4) == 12 and g.__code__ is not f.__code__

@@ -8,13 +8,17 @@ memory pool (they never run concurrently; every output a caller still holds stay
 
 from __future__ import annotations
 
+import itertools
 import logging
+import types
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
+_CODE_IDS = itertools.count()
 
 GraphFn = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]
 
@@ -73,3 +77,13 @@ class GraphCache:
 
     def clear(self) -> None:
         self._graphs.clear()
+
+
+def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of `fn` with its own code object. torch.compile keeps compiled entries per code
+    object, and every runner's closures share one, so several runners in a process (or several
+    kernel choices) would pile up guards and hit the recompile limit; a private copy isolates them."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_CODE_IDS)}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy

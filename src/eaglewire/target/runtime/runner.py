@@ -8,9 +8,7 @@ its own tokens only. On CPU everything runs eagerly: that is the path the parity
 
 from __future__ import annotations
 
-import itertools
 import logging
-import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,13 +18,12 @@ import torch.nn.functional as F
 from eaglewire.engine.interfaces import TargetForward
 from eaglewire.errors import BoundaryError, ConfigError, expected_actual
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.graphs import GraphCache
+from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket
 from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
 log = logging.getLogger(__name__)
-_CODE_IDS = itertools.count()
 
 
 def check_boundaries(aux_boundaries: Sequence[int], num_layers: int) -> tuple[int, ...]:
@@ -62,16 +59,6 @@ def _mark_dynamic(B: int, N: int, **tensors: torch.Tensor | None) -> None:
         for axis, dim in _DYNAMIC_DIMS[name]:
             if axis == "S" or (axis == "B" and B > 1) or (axis == "N" and N > 1):
                 torch._dynamo.maybe_mark_dynamic(t, dim)
-
-
-def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A copy of `fn` with its own code object. torch.compile keeps compiled entries per code
-    object, and every runner's closures share one, so several runners in a process (or several
-    kernel choices) would pile up guards and hit the recompile limit; a private copy isolates them."""
-    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_CODE_IDS)}")
-    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    return copy
 
 
 class FastTargetRunner:
@@ -139,7 +126,7 @@ class FastTargetRunner:
                 make_head_fn(spec),
                 prepare,
             )
-            self._compiled = tuple(torch.compile(_own_code(fn), fullgraph=True, options=opts) for fn in fns)
+            self._compiled = tuple(torch.compile(own_code(fn), fullgraph=True, options=opts) for fn in fns)
         self._kv_positions = torch.arange(self.cache.capacity, device=self.device)
         self._rows = torch.arange(max_batch_size, device=self.device)[:, None]
         self._graphs = GraphCache(self.device) if self.use_graphs else None

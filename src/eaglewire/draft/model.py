@@ -26,11 +26,28 @@ from eaglewire.nn.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class DraftKV(Protocol):
-    """Where the draft layer's keys/values live between calls (training: growing; engine: static)."""
+    """Where the draft layer's keys/values live between calls, and how new queries attend to them
+    (training: growing, or the TTT chain of `eaglewire.train.ttt`; engine: static)."""
 
-    def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new [B, nkv, T, hd] keys/values; return all keys/values to attend to [B, nkv, S, hd]."""
+    def attend(
+        self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Store new key/value [B, nkv, T, hd]; return q [B, nh, T, hd] attended over every stored
+        key [B, nh, T, hd]. mask: bool [T, S] or [B, 1, T, S] over the stored keys, None = causal."""
         ...
+
+
+def attend(
+    q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """q [B, nh, T, hd] over key/value [B, nkv, S, hd] (grouped KV heads); mask None = causal, the T
+    queries being the last T of the S keys."""
+    T, S = q.shape[2], key.shape[2]
+    if mask is None:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+    return F.scaled_dot_product_attention(
+        q, key, value, attn_mask=mask, enable_gqa=key.shape[1] != q.shape[1]
+    )
 
 
 class GrowingKV:
@@ -44,6 +61,11 @@ class GrowingKV:
         self.key = key if self.key is None else torch.cat([self.key, key], dim=2)
         self.value = value if self.value is None else torch.cat([self.value, value], dim=2)
         return self.key, self.value
+
+    def attend(
+        self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return attend(q, *self.append(key, value), mask)
 
     @property
     def length(self) -> int:
@@ -81,15 +103,7 @@ class DraftAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv is not None:
-            k, v = kv.append(k, v)  # [B, nkv, S, hd]
-        S = k.shape[2]
-        if mask is None:
-            # Plain causal: the T new tokens are the last T of the S keys.
-            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
-        )
+        out = attend(q, k, v, mask) if kv is None else kv.attend(q, k, v, mask)  # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -32,7 +32,7 @@ from typing import cast
 
 import torch
 
-from eaglewire.draft.model import DraftOutput, Eagle3Draft
+from eaglewire.draft.model import DraftOutput, Eagle3Draft, attend
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.tree import DraftTree, root_only, select_nodes
@@ -93,6 +93,11 @@ class DraftCache:
         self.key.index_copy_(2, self._slots, key)
         self.value.index_copy_(2, self._slots, value)
         return self.key[:, :, : self._window], self.value[:, :, : self._window]
+
+    def attend(
+        self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return attend(q, *self.append(key, value), mask)
 
 
 @dataclass

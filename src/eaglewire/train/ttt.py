@@ -30,9 +30,9 @@ How it is computed (`ttt_unroll`): the dense form of that mask, `ttt_attention_m
 S steps that is S*(S+1)/2 key blocks of T (28 for S = 7). The unroll instead cuts the rows of step
 s >= 1 into blocks of `BLOCK_ROWS` that attend to the prefix keys plus the chain keys of their own
 rows only (T + s*BLOCK_ROWS keys; ~3x fewer over 7 steps at T = 1024), still one fused SDPA call
-per step, with the prefix mask built once per batch. The draft's own modules compute everything
-else (`_draft_step` repeats `Eagle3Draft.forward`'s wiring, nothing more); tests pin the result to
-the dense mask run through `Eagle3Draft.forward` and to a step-by-step serving decode.
+per step, with the prefix mask built once per batch. Everything else is `Eagle3Draft.forward`
+itself (the chain is its `DraftKV`); tests pin the result to the dense mask through a `GrowingKV`
+and to a step-by-step serving decode.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.draft.model import DraftOutput, Eagle3Draft
-from eaglewire.nn.rope import apply_rope
 
 
 def shift_left(x: torch.Tensor, k: int, fill: float | bool = 0) -> torch.Tensor:
@@ -147,8 +146,13 @@ class _ChainKeys:
         self.values: list[torch.Tensor] = []
         self._block_prefix: torch.Tensor | None = None  # [B*nb, 1, m, T] prefix mask per block
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Append this step's k, v [B, nkv, T, hd] and attend with q [B, nh, T, hd] -> [B, nh, T, hd]."""
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The `DraftKV` of one unroll: append this step's k, v [B, nkv, T, hd] and attend with
+        q [B, nh, T, hd] -> [B, nh, T, hd]. The TTT mask is implied by the step; `mask` must be None."""
+        if mask is not None:
+            raise ValueError("the TTT chain builds its own attention mask; pass mask=None")
         if self.key0 is None:
             self.key0, self.value0 = k, v
         else:
@@ -190,30 +194,6 @@ class _ChainKeys:
         return out[:, :, :T] if pad else out
 
 
-def _draft_step(
-    draft: Eagle3Draft,
-    input_ids: torch.Tensor,
-    hidden: torch.Tensor,
-    positions: torch.Tensor,
-    chain: _ChainKeys,
-    logits: bool,
-) -> DraftOutput:
-    """`Eagle3Draft.forward` (same modules, same order) with the TTT attention of `_ChainKeys`."""
-    layer, attn = draft.layer, draft.layer.self_attn
-    embeds = draft.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
-    cos, sin = draft.rope(positions, hidden.dtype)
-    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-    B, T, _ = x.shape
-    q = attn.q_proj(x).view(B, T, attn.num_heads, attn.head_dim).transpose(1, 2)  # [B, nh, T, hd]
-    k = attn.k_proj(x).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
-    v = attn.v_proj(x).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    o = chain.attend(q, k, v)  # [B, nh, T, hd]
-    h = hidden + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
-    h = h + layer.mlp(layer.post_attention_layernorm(h))  # [B, T, H] pre-norm output
-    return DraftOutput(hidden=h, logits=draft.compute_logits(h) if logits else h.new_empty(0))
-
-
 def ttt_unroll(
     draft: Eagle3Draft,
     input_ids: torch.Tensor,
@@ -235,6 +215,6 @@ def ttt_unroll(
     hidden = draft.project(aux)  # [B, T, H]
     chain = _ChainKeys(prefix_mask(doc_ids))  # [B, T, T]
     for s in range(num_steps):
-        out = _draft_step(draft, shift_left(input_ids, 1 + s), hidden, positions + s, chain, logits)
+        out = draft(shift_left(input_ids, 1 + s), hidden, positions + s, kv=chain, compute_logits=logits)
         yield out
         hidden = out.hidden

@@ -182,21 +182,6 @@ def check_record_tokens(rec: Any) -> None:
         )
 
 
-def scatter_rows(
-    rows: Sequence[Row], per_record: Sequence[torch.Tensor], *, fill: float = 0.0
-) -> torch.Tensor:
-    """Place per-record tensors [T_i, ...] (slot order) into a [B, T, ...] tensor (padding = fill)."""
-    B, T = len(rows), row_length(rows)
-    first = per_record[0]
-    out = first.new_full((B, T, *first.shape[1:]), fill)
-    k = 0
-    for b, row in enumerate(rows):
-        for slot in row:
-            out[b, slot.offset : slot.offset + slot.length] = per_record[k][: slot.length]
-            k += 1
-    return out
-
-
 def slot_token_index(rows: Sequence[Row]) -> torch.Tensor:
     """[N] int64: the flat position b*T + offset + p in the [B, T] layout (T = row_length(rows)) of
     token p of every slot, slots in row order (the order of `fetch_rows`)."""

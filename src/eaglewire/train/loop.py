@@ -325,7 +325,7 @@ class Trainer:
         started = perf_counter()
         try:
             while self.step < self.total_steps and self.epoch < cfg.epochs:
-                self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
+                self._clock(started)
                 if cfg.max_seconds and self.elapsed >= cfg.max_seconds:
                     log.info(
                         "wall-time budget of %.0f s reached after optimizer step %d",
@@ -359,7 +359,7 @@ class Trainer:
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
                     self._write_eval(self.evaluate())
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
+                    self._clock(started)
                     self.checkpoint()
                 if (
                     stop_after_steps is not None
@@ -371,11 +371,15 @@ class Trainer:
         finally:
             bar.close()
         if self.last_checkpoint_step != self.step:
-            self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
+            self._clock(started)
             self.checkpoint()
         final_eval = self.evaluate()
         self._write_eval(final_eval)
         return self._result(last, final_eval, tokens_run, time_run, final=True)
+
+    def _clock(self, started: float) -> None:
+        """Update `elapsed`: the run's training time (earlier launches included) as all processes agree."""
+        self.elapsed = self._agreed(self.train_seconds + perf_counter() - started)
 
     def _agreed(self, elapsed: float) -> float:
         """The training time every process uses (the slowest clock), so that all stop at the same

@@ -212,9 +212,7 @@ def predict_taus(predictor: TauPredictor, spec: SpecArgs) -> tuple[float, float]
 
 def predict_tau(predictor: TauPredictor, spec: SpecArgs) -> float:
     """Predicted tau for `spec` (the default: replay; see the module docstring)."""
-    if spec.is_chain:
-        return float(predictor.tau_chain(spec.num_steps))
-    return float(predictor.tau_tree(tree_for_spec(predictor, spec)))
+    return predict_taus(predictor, spec)[0]
 
 
 @dataclass(frozen=True)

@@ -50,3 +50,15 @@ class TargetRunner(Protocol):
         how many of each row are real (the rest is padding). Keeps those tokens' K/V at positions
         len..len+num_accepted-1 and advances `lengths`."""
         ...
+
+
+def commit_leading(runner: TargetRunner, counts: torch.Tensor, width: int) -> None:
+    """Keep the first counts[b] ([B]) of the last forward's `width` new tokens of each row: they are
+    already in place, so a runner with `commit_prefix` only advances its lengths (no K/V copy);
+    any other runner commits those leading indices."""
+    keep_prefix = getattr(runner, "commit_prefix", None)
+    if keep_prefix is not None:
+        keep_prefix(counts)
+    else:
+        B = counts.shape[0]
+        runner.commit(torch.arange(width).expand(B, width), counts)

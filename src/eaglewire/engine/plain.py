@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from eaglewire.engine.interfaces import commit_leading
 from eaglewire.errors import ConfigError
 from eaglewire.target.loading import LoadedTarget
 
@@ -79,14 +80,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _commit_first(runner: Any, counts: torch.Tensor, width: int) -> None:
-    if hasattr(runner, "commit_prefix"):
-        runner.commit_prefix(counts)
-    else:
-        B = counts.shape[0]
-        runner.commit(torch.arange(width).expand(B, width), counts)
-
-
 def _prefill(runner: Any, prompts: list[list[int]], budget: int) -> torch.Tensor:
     """Prefill right-padded prompts; returns each row's logits at its last prompt token [B, V]."""
     dev = runner.device
@@ -107,7 +100,7 @@ def _prefill(runner: Any, prompts: list[list[int]], budget: int) -> torch.Tensor
         here = ((lens - 1 >= c0) & (lens - 1 < c1)).to(dev)[:, None]  # [B, 1]
         logits = out.logits[:, 0]  # [B, V]
         last = logits if last is None else torch.where(here, logits, last)
-        _commit_first(runner, (lens - c0).clamp(0, n), n)
+        commit_leading(runner, (lens - c0).clamp(0, n), n)
     assert last is not None
     return last
 
@@ -151,7 +144,7 @@ def _generate_batch(
         if step == max_new_tokens - 1 or (eos and steps % check_every == 0 and bool(done.all())):
             break
         o = runner.forward(tok[:, None], runner.lengths[:, None])
-        _commit_first(runner, ones, 1)
+        commit_leading(runner, ones, 1)
         tok = sample_next(o.logits[:, 0], temperature, top_p, generator)
     rows = out[:, :steps].tolist()
     _sync(dev)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.interfaces import TargetRunner
+from eaglewire.engine.interfaces import TargetRunner, commit_leading
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.tree import root_only
@@ -59,12 +59,12 @@ def _prefill(runner: TargetRunner, context: list[int]) -> torch.Tensor:
     return fwd.aux[0]
 
 
-def _commit(runner: TargetRunner, path: list[int], path_device: torch.Tensor) -> None:
+def _commit(runner: TargetRunner, path: list[int], path_device: torch.Tensor, num_nodes: int) -> None:
     """Keep the accepted path's K/V. A path that is a prefix of the tree's nodes (every chain, and a
-    tree's first-ranked branch) is already in place: the runner then only advances its length."""
+    tree's first-ranked branch) is already in place."""
     n = len(path)
-    if path == list(range(n)) and hasattr(runner, "commit_prefix"):
-        runner.commit_prefix(torch.tensor([n]))  # a host count: no copy, no host-to-device transfer
+    if path == list(range(n)):
+        commit_leading(runner, torch.tensor([n]), num_nodes)  # a host count: no host-to-device copy
     else:
         runner.commit(path_device[None], torch.tensor([n], device=runner.device))
 
@@ -114,7 +114,7 @@ def speculative_generate(
             verdict: Verdict = verify(tree, fwd.logits[0], sampling, verify_generator)
         with timers.phase("accept"):
             path = torch.tensor(verdict.path, device=device)
-            _commit(runner, verdict.path, path)
+            _commit(runner, verdict.path, path, tree.num_nodes)
             trace.accepted_per_round.append(verdict.num_accepted_drafts)
             trace.emitted_per_round.append(len(verdict.emitted))
             kept, finish = stop.cut(generated, verdict.emitted)

@@ -66,7 +66,7 @@ def _commit(runner: TargetRunner, path: list[int], path_device: torch.Tensor, nu
     if path == list(range(n)):
         commit_leading(runner, torch.tensor([n]), num_nodes)  # a host count: no host-to-device copy
     else:
-        runner.commit(path_device[None], torch.tensor([n], device=runner.device))
+        runner.commit(path_device[None], torch.tensor([n]))  # a host count, as above
 
 
 def speculative_generate(
@@ -113,7 +113,9 @@ def speculative_generate(
             )
             verdict: Verdict = verify(tree, fwd.logits[0], sampling, verify_generator)
         with timers.phase("accept"):
-            path = torch.tensor(verdict.path, device=device)
+            path = verdict.path_device
+            if path is None:  # sampled verification decides on the host
+                path = torch.tensor(verdict.path, device=device)
             _commit(runner, verdict.path, path, tree.num_nodes)
             trace.accepted_per_round.append(verdict.num_accepted_drafts)
             trace.emitted_per_round.append(len(verdict.emitted))
@@ -124,7 +126,10 @@ def speculative_generate(
             break
         if drafter is not None:
             with timers.phase("draft"):
-                drafter.extend(fwd.aux[0, path], torch.tensor(verdict.emitted), start_position=root_position)
+                emitted = verdict.emitted_device
+                if emitted is None:
+                    emitted = torch.tensor(verdict.emitted)
+                drafter.extend(fwd.aux[0, path], emitted, start_position=root_position)
         root = verdict.emitted[-1]
     trace.phase_seconds = timers.summary()
     return trace

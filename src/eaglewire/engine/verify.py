@@ -29,35 +29,53 @@ from eaglewire.engine.tree import DraftTree
 class Verdict:
     path: list[int]  # node indices of the accepted path, root first (what the target commits)
     emitted: list[int]  # target token ids: the accepted drafts, then the bonus token
+    # The same two on the device (greedy verification), so committing the path and extending the
+    # draft need no host-to-device copy: a copy from pageable host memory waits for the GPU.
+    path_device: torch.Tensor | None = None  # [len(path)] int64
+    emitted_device: torch.Tensor | None = None  # [len(emitted)] int64
 
     @property
     def num_accepted_drafts(self) -> int:
         return len(self.path) - 1
 
 
+def greedy_path(tree: DraftTree, target_logits: torch.Tensor) -> torch.Tensor:
+    """target_logits [N, V] -> [1 + 2N] int64 on the device, without reading it from the host:
+    [n, path nodes (N, first n valid, root first), emitted tokens (N, first n valid)].
+
+    Node i is *agreed* when its token is the target's argmax after its parent (the root always
+    is); the accepted path ends at the deepest node whose ancestors are all agreed. A node's
+    children carry distinct tokens, so at most one child agrees and that node is unique. Nodes on
+    a path have increasing indices (parents precede children), so sorting gives path order, and
+    the emitted tokens are the target's argmax at each path node (the last one is the bonus)."""
+    N = tree.num_nodes
+    dev = target_logits.device
+    target_next = target_logits.argmax(dim=-1)  # [N]
+    tokens, parents, depths = (t.to(dev) for t in (tree.tokens, tree.parents, tree.depths))
+    agreed = tokens == target_next[parents.clamp(min=0)]
+    agreed[0] = True
+    ancestors = tree.ancestor_mask().to(dev)  # [N, N] ancestor-or-self
+    on_agreed_path = ~(ancestors & ~agreed[None, :]).any(dim=-1)  # [N]
+    last = torch.where(on_agreed_path, depths, -1).argmax()  # deepest agreed node
+    index = torch.arange(N, device=dev)
+    path_sorted = torch.where(ancestors[last], index, N + index).sort().values % N  # [N] path first
+    n = ancestors[last].sum()
+    return torch.cat([n[None], path_sorted, target_next[path_sorted]])  # [1 + 2N]
+
+
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
-    """target_logits [N, V] for the tree's nodes -> the longest path the target's argmax agrees with."""
-    # one host sync for the whole tree: the target's choices, the drafted tokens and the parents
-    target_next, tokens, parents = torch.stack(
-        [
-            target_logits.argmax(dim=-1),
-            tree.tokens.to(target_logits.device),
-            tree.parents.to(target_logits.device),
-        ]
-    ).tolist()
-    children: list[list[int]] = [[] for _ in tokens]
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            children[parent].append(i)
-    node, path, emitted = 0, [0], []
-    while True:
-        want = target_next[node]
-        emitted.append(want)
-        match = next((c for c in children[node] if tokens[c] == want), None)
-        if match is None:
-            return Verdict(path=path, emitted=emitted)
-        path.append(match)
-        node = match
+    """target_logits [N, V] for the tree's nodes -> the longest path the target's argmax agrees with.
+    One host read for the whole tree (see `greedy_path`)."""
+    packed = greedy_path(tree, target_logits)
+    N = tree.num_nodes
+    values = packed.tolist()
+    n = values[0]
+    return Verdict(
+        path=values[1 : 1 + n],
+        emitted=values[1 + N : 1 + N + n],
+        path_device=packed[1 : 1 + n],
+        emitted_device=packed[1 + N : 1 + N + n],
+    )
 
 
 def verify_sampling(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator) -> Verdict:

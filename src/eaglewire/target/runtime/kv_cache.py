@@ -122,7 +122,6 @@ class StaticKVCache:
             raise ConfigError(expected_actual("commit: accepted columns", f"<= {num_new} new tokens", n))
         dev = self.device
         accepted = accepted.to(dev, torch.long, non_blocking=True)
-        num_dev = num_accepted.to(dev, torch.long, non_blocking=True)
         if n > 0:
             base = self.lengths[:, None]  # [B, 1]
             src = base + accepted.clamp(0, num_new - 1)  # [B, n]
@@ -130,22 +129,23 @@ class StaticKVCache:
             rows = torch.arange(B, device=dev)[:, None].expand(B, n)
             moved = self.kv[:, rows, :, src]  # [B, n, L, 2Hkv, hd]
             self.kv[:, rows, :, dst] = moved
-        self._advance(num_accepted, num_dev, n)
+        self._advance(num_accepted, n)
 
     def commit_prefix(self, num_accepted: torch.Tensor) -> None:
         """Keep the first num_accepted[b] new tokens of each row where they are (no copy)."""
-        self._advance(num_accepted, None, self._last_num_new)
+        self._advance(num_accepted, self._last_num_new)
 
-    def _advance(self, num_accepted: torch.Tensor, num_dev: torch.Tensor | None, bound: int) -> None:
+    def _advance(self, num_accepted: torch.Tensor, bound: int) -> None:
         """lengths += num_accepted; the host bound grows exactly (CPU counts) or by `bound`."""
         if (
             num_accepted.device.type == "cpu"
             and num_accepted.numel()
             and bool((num_accepted == num_accepted[0]).all())
         ):
-            self.lengths.add_(int(num_accepted[0]))  # one scalar add, no host-to-device copy
+            # one scalar add: a copy from pageable host memory would wait for the GPU to drain
+            self.lengths.add_(int(num_accepted[0]))
         else:
-            self.lengths.add_(num_dev if num_dev is not None else num_accepted.to(self.device, torch.long))
+            self.lengths.add_(num_accepted.to(self.device, torch.long, non_blocking=True))
         if num_accepted.device.type == "cpu":
             self._upper = self._upper + num_accepted.to(torch.long)
         else:

@@ -1,0 +1,204 @@
+"""Where a decoding loop's time goes: wall time per step against the GPU's kernel time per step.
+
+Two loops on the reference target (SmolLM2-135M-Instruct, bf16):
+
+* speculative rounds at batch 1 (`speculative_generate`): plain (root-only trees on the same
+  runner), a chain of 5 and a 6x4x16 tree, with a random-weight draft of the target's shape
+  (acceptance does not matter here: every round drafts, verifies and commits the same amount);
+* batched plain generation (`generate_plain_with_stats`, what regeneration runs) at several
+  batch sizes, every row running to `--new-tokens` (no eos), first call (captures graphs) and
+  second call (warm).
+
+For each, the torch profiler sums the CUDA kernel time of a warm run; wall - kernels is time
+the GPU sat idle waiting for the host (Python, launches, synchronisations).
+
+    python benchmarks/loop_profile.py --out loop_profile.json          # on a GPU
+    python benchmarks/loop_profile.py --tiny                           # CPU check of this script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from eaglewire.contract.numbering import default_boundaries
+from eaglewire.draft.config import draft_config_for_target
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.engine.api import make_runner
+from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.engine.sampling import SamplingParams
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.engine.speculative import speculative_generate
+from eaglewire.engine.verify import StopRule
+from eaglewire.target.loading import LoadedTarget, load_target
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def kernel_ms(fn: Callable[[], Any], device: torch.device) -> tuple[float, float, list[tuple[str, float]]]:
+    """(wall ms, summed CUDA kernel ms, top kernels) of one call of `fn` under the profiler."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        wall = (time.perf_counter() - t0) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time for e in kernels) / 1e3 if kernels else 0.0  # us -> ms
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 1e3
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return wall, total, [(n[:80], round(ms, 3)) for n, ms in top]
+
+
+def timed_wall(fn: Callable[[], Any], device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def random_draft(target: LoadedTarget, vd: int) -> Eagle3Draft:
+    cfg = draft_config_for_target(target.config, num_aux=3, draft_vocab_size=vd)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(cfg)
+    draft.get_buffer("draft_to_target").copy_(torch.arange(vd))
+    return draft.to(device=target.device, dtype=target.dtype).eval()
+
+
+def speculative_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[str, Any]]:
+    dev = target.device
+    runner = make_runner(target, default_boundaries(target.num_layers), "auto", max_seq_len=1024)
+    draft = random_draft(target, args.vd)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    prompt = torch.randint(3, min(1000, target.vocab_size), (args.prompt_len,), generator=gen).tolist()
+    greedy = SamplingParams()
+    rows = []
+    settings: list[tuple[str, SpecArgs | None]] = [
+        ("plain (same loop)", None),
+        ("chain 5", SpecArgs(5, 1, 6)),
+        ("tree 6x4x16", SpecArgs(6, 4, 16)),
+    ]
+    for name, spec in settings:
+        drafter = None if spec is None else Drafter(draft, spec, max_seq_len=1024)
+        rounds: list[int] = []
+
+        def run(drafter: Drafter | None = drafter, rounds: list[int] = rounds) -> None:
+            trace = speculative_generate(
+                runner, drafter, prompt, sampling=greedy, stop=StopRule(args.new_tokens)
+            )
+            rounds.append(trace.num_verifications)
+
+        for _ in range(3):
+            run()  # warm-up: graph captures and compiles for every window bucket this prompt reaches
+        walls = sorted(timed_wall(run, dev) for _ in range(3))
+        wall_prof, kern, top = kernel_ms(run, dev)
+        n = rounds[-1]
+        rows.append(
+            {
+                "loop": "speculative b=1",
+                "setting": name,
+                "rounds": n,
+                "wall_ms_per_round": walls[1] / n,
+                "kernel_ms_per_round": kern / n,
+                "idle_ms_per_round": (wall_prof - kern) / n,
+                "profiled_wall_ms_per_round": wall_prof / n,
+                "top_kernels_ms": top,
+            }
+        )
+    return rows
+
+
+def plain_batch_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[str, Any]]:
+    dev = target.device
+    rows = []
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    for B in args.batches:
+        lens = torch.randint(args.prompt_len // 2, args.prompt_len + 1, (B,), generator=gen).tolist()
+        prompts = [torch.randint(3, min(1000, target.vocab_size), (n,), generator=gen).tolist() for n in lens]
+        runner = make_runner_batched(target, B, args.prompt_len + args.new_tokens)
+        stats: list[Any] = []
+
+        def run(prompts: list[list[int]] = prompts, runner: Any = runner, stats: list[Any] = stats) -> None:
+            stats.append(generate_plain_with_stats(runner, prompts, args.new_tokens, eos_token_ids=()))
+
+        cold = timed_wall(run, dev)
+        warm = timed_wall(run, dev)
+        wall_prof, kern, top = kernel_ms(run, dev)
+        steps = stats[-1].forwards
+        rows.append(
+            {
+                "loop": f"plain batched b={B}",
+                "setting": f"{args.new_tokens} new tokens, prompts {min(lens)}-{max(lens)}",
+                "rounds": steps,
+                "cold_s": cold / 1e3,
+                "warm_s": warm / 1e3,
+                "tokens_per_s_warm": B * args.new_tokens / (warm / 1e3),
+                "prefill_s": stats[-1].prefill_seconds,
+                "wall_ms_per_round": (warm - stats[1].prefill_seconds * 1e3) / steps,
+                "kernel_ms_per_round": kern / steps,
+                "idle_ms_per_round": (wall_prof - kern) / steps,
+                "profiled_wall_ms_per_round": wall_prof / steps,
+                "top_kernels_ms": top,
+            }
+        )
+        del runner
+    return rows
+
+
+def make_runner_batched(target: LoadedTarget, batch: int, max_seq_len: int) -> Any:
+    from eaglewire.target.runtime.factory import make_target_runner
+
+    return make_target_runner(target, (), max_batch_size=batch, max_seq_len=max_seq_len)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny random target on CPU (checks the script)")
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--vd", type=int, default=16384)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.tiny:
+        from tests.helpers.tiny import make_tiny_target
+
+        target = make_tiny_target("llama")
+        args.vd, args.prompt_len, args.new_tokens, args.batches = 64, 16, 8, [4]
+    else:
+        target = load_target(args.target, dtype="bfloat16", device="cuda")
+    rows = speculative_rows(target, args) + plain_batch_rows(target, args)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        for k, v in r.items():
+            if k != "top_kernels_ms":
+                continue
+            print(f"{r['loop']} / {r['setting']} top kernels (ms): {v}")
+    print(f"{'loop':<22} {'setting':<34} {'steps':>6} {'wall ms':>8} {'kernel ms':>9} {'idle ms':>8}")
+    for r in rows:
+        print(
+            f"{r['loop']:<22} {r['setting']:<34} {r['rounds']:>6} {r['wall_ms_per_round']:>8.3f} "
+            f"{r['kernel_ms_per_round']:>9.3f} {r['idle_ms_per_round']:>8.3f}"
+            + (f"  {r['tokens_per_s_warm']:.0f} tok/s (cold {r['cold_s']:.1f}s)" if "cold_s" in r else "")
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -22,11 +22,12 @@
 #   sweep       eaglewire bench --sweep on the trained draft (writes best_setting.json into the draft)
 #   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
+#   loop_profile benchmarks/loop_profile.py: wall vs GPU kernel time per decoding step (not run by default)
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): SMOL, PY, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -160,6 +161,16 @@ do_draft_speed() {
   timeout "${DRAFT_SPEED_TIMEOUT_S:-120}" "$PY" benchmarks/draft_speed.py "${tiny[@]}" --out "$out"
 }
 
+do_loop_profile() { # wall vs kernel time per decoding step: speculative rounds, batched plain decoding
+  local out="$results/loop_profile.json"
+  [ -f "$out" ] && { say "loop profile results exist: $out"; return 0; }
+  local tiny=()
+  [ "$TINY" = 1 ] && tiny=(--tiny)
+  timeout "${LOOP_PROFILE_TIMEOUT_S:-240}" "$PY" benchmarks/loop_profile.py "${tiny[@]}" --out "$out" 2>&1 \
+    | grep -v USDT | tail -n 20 | tee "$results/loop_profile.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA)
   timeout "${GPU_TESTS_TIMEOUT_S:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -n 15 \
     | tee "$results/gpu_tests.txt"
@@ -167,7 +178,7 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
 }
 
 do_quickstart() {
-  timeout "${QS_TIMEOUT_S:-900}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
+  timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
     --out "$runs/quickstart"
 }
 
@@ -198,12 +209,14 @@ do_export() {
 say "full_run: mode=$([ "$TINY" = 1 ] && echo tiny || echo gpu) SMOL=$SMOL repo=$repo py=$PY"
 step env do_env
 step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
-step draft_speed do_draft_speed
-step capture do_capture
-step quickstart do_quickstart
-step sweep do_sweep
-step export do_export
-step gpu_tests do_gpu_tests
+# STEPS picks and orders the steps after convert (a session with little device time left skips the
+# measurements it already has).
+for name in ${STEPS:-draft_speed capture quickstart sweep export gpu_tests}; do
+  case "$name" in
+    draft_speed | capture | loop_profile | quickstart | sweep | export | gpu_tests) step "$name" "do_$name" ;;
+    *) say "unknown step $name (STEPS=$STEPS)" ;;
+  esac
+done
 say "full_run: finished; results in $results"
 ls -la "$results"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$results/DONE"

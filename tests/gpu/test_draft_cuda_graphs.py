@@ -49,6 +49,8 @@ def test_graphed_drafting_matches_eager_and_plain(cuda_tiny, shape, compile):
         results[graphs] = [dec.generate(p, max_new_tokens=TOKENS) for p in tiny.prompts]
         if graphs:
             assert dec.drafter._graphs is not None and len(dec.drafter._graphs) > 0, "no graph was captured"
+            if compile:  # the whole round compiled, not the fallback to the compiled forward alone
+                assert dec.drafter._tree_fn is not dec.drafter._tree_body
     for eager, graphed, reference in zip(results[False], results[True], tiny.references, strict=True):
         assert graphed.token_ids == reference
         assert eager.token_ids == reference

@@ -54,6 +54,7 @@ from eaglewire.typed_config import help_field
 log = logging.getLogger(__name__)
 
 SPECULATIVE_METHODS = ("eagle-chain", "eagle-tree")
+EAGER_HF_METHODS = ("hf-generate", "hf-prompt-lookup")  # no graphs or compilation per prompt length
 METHODS = ("plain", *SPECULATIVE_METHODS, *HF_METHODS)
 DecodeFn = Callable[[list[int], int], Outcome]
 
@@ -143,17 +144,25 @@ def measure_method(
     warmup: int,
     repeats: int,
     settings: dict[str, Any] | None = None,
+    warm_every_prompt: bool = True,
 ) -> MethodResult:
     """Time `fn` on every prompt of `work`: `warmup` untimed runs of that prompt, then the median of
     `repeats`. Warming every prompt (not just the first) keeps CUDA-graph capture and compilation for
     each prompt's lengths out of the timings, as a server captures its graphs before serving; a
-    first-prompt-only warm-up measured up to 30x slower first runs on the H200."""
+    first-prompt-only warm-up measured up to 30x slower first runs on the H200. Methods with
+    nothing to capture per length (transformers' eager generate) warm up on the first prompt only."""
     n = work.max_new_tokens
     runs = []
-    for prompt, ids in tqdm(
-        list(zip(work.prompts.prompts, work.prompt_ids, strict=True)), desc=name, unit="prompt", leave=False
+    for index, (prompt, ids) in enumerate(
+        tqdm(
+            list(zip(work.prompts.prompts, work.prompt_ids, strict=True)),
+            desc=name,
+            unit="prompt",
+            leave=False,
+        )
     ):
-        timed = work.watch.measure(lambda ids=ids: fn(ids, n), warmup=warmup, repeats=repeats)  # type: ignore[misc]
+        warm = warmup if warm_every_prompt or index == 0 else 0
+        timed = work.watch.measure(lambda ids=ids: fn(ids, n), warmup=warm, repeats=repeats)  # type: ignore[misc]
         out: Outcome = timed.value
         runs.append(
             PromptRun(
@@ -251,7 +260,13 @@ def run_benchmark(
             results[name] = MethodResult(name, available=False, reason=why, settings=settings)
             continue
         results[name] = measure_method(
-            name, fn, work, warmup=cfg.warmup, repeats=cfg.repeats, settings=settings
+            name,
+            fn,
+            work,
+            warmup=cfg.warmup,
+            repeats=cfg.repeats,
+            settings=settings,
+            warm_every_prompt=name not in EAGER_HF_METHODS,
         )
     reference = "plain" if "plain" in results else next((n for n, r in results.items() if r.available), None)
     fill_comparisons(results, reference)

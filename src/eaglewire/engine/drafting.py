@@ -217,6 +217,13 @@ class Drafter:
         # sharing Eagle3Draft.forward's (a sweep builds one per setting) would pile up recompiles
         forward = types.MethodType(own_code(type(draft).forward), draft)
         self._forward = torch.compile(forward, dynamic=True) if self.compiled else draft.forward
+        # A whole greedy/top-k round (forwards, top-k, beam, selection, ancestor mask) compiled as one
+        # function: the masks and bookkeeping between the forwards fuse too. If it cannot be compiled
+        # or captured, the round falls back to the compiled forward alone (`_capture_tree`).
+        body = types.MethodType(own_code(Drafter._tree_body), self)
+        self._tree_fn: Callable[..., tuple[torch.Tensor, ...]] = (
+            torch.compile(body, dynamic=True) if self.compiled else self._tree_body
+        )
         # Rows of a verified path: at most one per draft step plus the bonus; longer extends
         # (the prompt) run eagerly.
         self.graph_max_extend_rows = spec.num_steps + 1
@@ -280,23 +287,48 @@ class Drafter:
         replayed = None
         if not (self.spec.is_chain and not sampling.greedy):
             hidden_shape = tuple(self.last_hidden.shape)
-            replayed = self._replay(
-                ("tree", window),
-                lambda: {
-                    "hidden": torch.zeros(hidden_shape, dtype=self.dtype, device=self.device),
-                    "logits": torch.zeros(self.draft_to_target.shape[0], device=self.device),
-                },
-                lambda inp: self._tree_tensors(
-                    self._draft_rows(inp["hidden"], inp["logits"], sampling, None, window)
-                ),
-                {"hidden": self.last_hidden, "logits": self.last_logits},
-            )
+            replayed = self._capture_tree(hidden_shape, sampling, window)
         if replayed is None:
             return self._draft_rows(self.last_hidden, self.last_logits, sampling, generator, window)
         tokens, parents, depths, scores, ancestors = replayed
         return DraftTree(
             tokens, parents, depths, depth_limit=self.spec.num_steps, scores=scores, ancestors=ancestors
         )
+
+    def _capture_tree(
+        self, hidden_shape: tuple[int, ...], sampling: SamplingParams, window: int
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Replay this window's tree graph (capturing it first); None when graphs are off."""
+        assert self.last_hidden is not None and self.last_logits is not None
+
+        def make_inputs() -> dict[str, torch.Tensor]:
+            return {
+                "hidden": torch.zeros(hidden_shape, dtype=self.dtype, device=self.device),
+                "logits": torch.zeros(self.draft_to_target.shape[0], device=self.device),
+            }
+
+        values = {"hidden": self.last_hidden, "logits": self.last_logits}
+        if self._graphs is not None and self._tree_fn is not self._tree_body:
+            try:
+                return self._graphs.get(
+                    ("tree", window),
+                    make_inputs,
+                    lambda inp: self._tree_fn(inp["hidden"], inp["logits"], sampling, window),
+                ).run(values)
+            except RuntimeError as err:  # torch.compile's errors are RuntimeErrors too
+                log.warning("compiling the whole draft round failed (%s); compiling the forward only", err)
+                self._tree_fn = self._tree_body
+        return self._replay(
+            ("tree", window),
+            make_inputs,
+            lambda inp: self._tree_body(inp["hidden"], inp["logits"], sampling, window),
+            values,
+        )
+
+    def _tree_body(
+        self, hidden: torch.Tensor, logits: torch.Tensor, sampling: SamplingParams, window: int
+    ) -> tuple[torch.Tensor, ...]:
+        return self._tree_tensors(self._draft_rows(hidden, logits, sampling, None, window))
 
     def _replay(
         self,

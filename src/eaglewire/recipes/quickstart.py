@@ -8,6 +8,7 @@ built-in sets' train splits, evaluation and decoding their eval splits (and MT-b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -84,11 +85,16 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
     convs = [first_user_turns(c, p.user_turns) for c in chit] + [first_user_turns(c, 1) for c in code]
     if train and p.magpie_prompts:
         from eaglewire.data.builtin import heldout_split
-        from eaglewire.data.magpie import cached_magpie_prompts
+        from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, cached_magpie_prompts
 
-        magpie = cached_magpie_prompts(loaded, run.path("data", "magpie_prompts.jsonl"), p.magpie_prompts)
+        sampling = replace(DEFAULT_MAGPIE_SAMPLING, batch_size=p.regen_batch_size)
+        magpie = cached_magpie_prompts(
+            loaded, run.path("data", "magpie_prompts.jsonl"), p.magpie_prompts, sampling=sampling
+        )
         convs += [first_user_turns(c, 1) for c in magpie if heldout_split(c.record_id) == "train"]
-    return convs
+    # A fixed order that mixes the sources, so regeneration stopped by its time budget still
+    # covers each of them; keyed by record id, so a resumed run sees the same order.
+    return sorted(convs, key=lambda c: hashlib.sha256(c.record_id.encode("utf-8")).hexdigest())
 
 
 def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
@@ -197,12 +203,21 @@ def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
 def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, Any]:
     """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts."""
     from eaglewire.bench.baselines import HF_METHODS
-    from eaglewire.bench.harness import BenchConfig, run_benchmark
+    from eaglewire.bench.engine_adapter import load_engine
+    from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
     from eaglewire.bench.prompts import load_prompt_set
 
     p = run.preset
     out: dict[str, Any] = {}
-    for name in p.prompt_sets:
+    prompt_sets = {name: load_prompt_set(name, p.decode_prompts) for name in p.prompt_sets}
+    # one engine for every prompt set: each decoder compiles and captures its graphs once
+    nodes = max(p.tree_num_draft_tokens, p.chain_steps + 1)
+    room = max(
+        Workload.build(loaded, prompts, max_new_tokens=p.decode_max_new_tokens, chat=True).max_seq_len(nodes)
+        for prompts in prompt_sets.values()
+    )
+    engine = load_engine(loaded, draft_dir, max_seq_len=room)
+    for name, prompts in prompt_sets.items():
         hf = HF_METHODS if name in p.hf_baseline_sets else ()
         cfg = BenchConfig(
             max_new_tokens=p.decode_max_new_tokens,
@@ -214,7 +229,7 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
             warmup=1,
             repeats=p.timing_repeats,
         )
-        report = run_benchmark(loaded, draft_dir, load_prompt_set(name, p.decode_prompts), cfg)
+        report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine)
         report.write(run.path("decode", name))
         out[name] = {
             m: {

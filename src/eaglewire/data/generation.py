@@ -2,7 +2,9 @@
 
 `pick_generate_fn` returns the engine's `generate_plain` when it exists, else transformers'
 `generate` with left padding. Both have the signature of `GenerateFn`; switching backends is
-the one line in `pick_generate_fn`.
+the one line in `pick_generate_fn`. A backend may also have `reserve(max_batch_size, max_seq_len)`
+(the engine's `ReusedRunnerGenerate` does): callers that know their largest batch and prompt +
+new tokens call it first, so the backend sizes its runner once instead of rebuilding it as calls grow.
 """
 
 from __future__ import annotations

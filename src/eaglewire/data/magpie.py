@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from eaglewire.data.chat_masks import resolve_chat_template, user_turn_prefix
 from eaglewire.data.formats import Conversation, Message, read_conversations
-from eaglewire.data.generation import GenerateFn, SamplingConfig, generate_answers
+from eaglewire.data.generation import GenerateFn, SamplingConfig, generate_answers, pick_generate_fn
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_text
 from eaglewire.target.loading import LoadedTarget
@@ -64,6 +64,10 @@ def generate_magpie_prompts(
         raise ConfigError(f"target {target.path} has no tokenizer; Magpie needs its chat template")
     template = resolve_chat_template(tok, chat_template)
     prefix_ids = list(tok(user_turn_prefix(tok, template), add_special_tokens=False)["input_ids"])
+    fn = generate_fn or pick_generate_fn()  # one backend (and runner) for every round
+    reserve = getattr(fn, "reserve", None)
+    if reserve is not None:
+        reserve(sampling.batch_size, len(prefix_ids) + sampling.max_new_tokens)
     seen: set[str] = set()
     out: list[Conversation] = []
     max_rounds = ROUNDS_PER_BATCH * (num_prompts // sampling.batch_size + 1)
@@ -73,7 +77,7 @@ def generate_magpie_prompts(
         if len(out) >= num_prompts:
             break
         results = generate_answers(
-            target, [prefix_ids] * sampling.batch_size, sampling, sampling.seed + rnd, generate_fn=generate_fn
+            target, [prefix_ids] * sampling.batch_size, sampling, sampling.seed + rnd, generate_fn=fn
         )
         for ids, finish in results:
             text = tok.decode(ids, skip_special_tokens=True).strip()

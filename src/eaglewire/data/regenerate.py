@@ -206,6 +206,10 @@ def regenerate(
         raise ConfigError(f"target {target.path} has no tokenizer; regeneration needs one")
     template = resolve_chat_template(target.tokenizer, chat_template)
     fn = generate_fn or pick_generate_fn()
+    reserve = getattr(fn, "reserve", None)
+    if reserve is not None and max_prompt_tokens is not None:
+        # size the runner once for the longest prompt any turn may send (a rebuild recompiles)
+        reserve(sampling.batch_size, max_prompt_tokens + sampling.max_new_tokens)
     ids = [c.record_id for c in conversations]
     if len(set(ids)) != len(ids):
         raise DataFormatError("input conversations have duplicate ids; resume is keyed by id")

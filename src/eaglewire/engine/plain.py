@@ -9,6 +9,14 @@ at its own positions. Rows that finished keep stepping (their extra tokens are d
 loop reads the device only every `check_every` steps to see whether every row is done.
 The returned tokens are the generated ones only (no prompt), ending with the eos token when one
 was produced. Data regeneration calls this with up to 256 prompts per batch.
+
+A runner with CUDA graphs captures one graph per (batch rows, new tokens, attended window) key, so
+on such a runner every batch is padded up to one of a few row counts (`padded_rows`) with dummy rows
+(copies of the batch's shortest prompt) whose outputs are dropped: later batches and later calls
+replay the graphs already captured instead of capturing new ones for every distinct batch size.
+Rows never see each other (each attends to its own cache only) and only the real rows are sampled,
+so padding changes no real row's tokens, greedy or sampled (beyond the floating-point differences
+any change of batch size can bring on a GPU). Runners without graphs run unpadded.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ PREFILL_TOKEN_BUDGET = 16384  # tokens per prefill forward (B * chunk width)
 PAD_RATIO = 2.0
 RUNNER_LENGTH_STEP = 256  # a reused runner's max_seq_len grows in these steps
 DEFAULT_MAX_BATCH = 256
+# Row counts a batch is padded to on a CUDA-graph runner (`padded_rows`): batches of up to 8 rows
+# pad to the next of GRAPH_SMALL_ROWS, larger ones to the next multiple of GRAPH_ROW_STEP (both capped
+# at the runner's max_batch_size), so a whole regeneration captures graphs for a handful of sizes.
+GRAPH_SMALL_ROWS = (1, 2, 4, 8)
+GRAPH_ROW_STEP = 64
 
 
 @dataclass
@@ -43,6 +56,8 @@ class PlainResult:
     prefill_seconds: float
     decode_seconds: float
     forwards: int  # decode forwards run (all batches)
+    graphs_captured: int = 0  # CUDA graphs the runner captured during this call
+    graph_capture_seconds: float = 0.0  # seconds those captures took (compilation included)
 
     @property
     def seconds(self) -> float:
@@ -73,6 +88,25 @@ def sample_next(
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     race = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / race).argmax(dim=-1)
+
+
+def padded_rows(n: int, max_rows: int) -> int:
+    """The row count a batch of `n` real rows runs with on a CUDA-graph runner holding `max_rows`:
+    the next of GRAPH_SMALL_ROWS for n <= 8, else the next multiple of GRAPH_ROW_STEP; never above
+    max_rows (and never below n)."""
+    if not 1 <= n <= max_rows:
+        raise ConfigError(f"padded_rows: expected 1 <= n <= max_rows={max_rows}, got n={n}")
+    if n <= GRAPH_SMALL_ROWS[-1]:
+        rows = next(r for r in GRAPH_SMALL_ROWS if r >= n)
+    else:
+        rows = -(-n // GRAPH_ROW_STEP) * GRAPH_ROW_STEP
+    return min(rows, max_rows)
+
+
+def _graph_stats(runner: Any) -> tuple[int, float]:
+    """(graphs captured, seconds spent capturing) so far by `runner`; (0, 0.0) without graphs."""
+    stats = getattr(runner, "graph_stats", None)
+    return (int(stats[0]), float(stats[1])) if stats is not None else (0, 0.0)
 
 
 def _sync(device: torch.device) -> None:
@@ -121,20 +155,32 @@ def _generate_batch(
     generator: torch.Generator | None,
     eos: tuple[int, ...],
     check_every: int,
+    rows: int | None = None,
 ) -> tuple[list[list[int]], float, float, int]:
+    """Decode one batch of n prompts; returns (n generated rows, prefill s, decode s, decode forwards).
+
+    rows: the batch size the runner runs (>= n; None = n). The extra rows are copies of the shortest
+    prompt: they step along with the real rows, are fed token 0 after the prefill, are never sampled
+    (so the generator draws exactly what an unpadded batch draws) and their outputs are dropped."""
     dev = runner.device
-    B = len(prompts)
-    runner.reset(B)
+    n = len(prompts)
+    total = n if rows is None else rows  # B, padding rows included
+    if total < n:
+        raise ConfigError(f"_generate_batch: rows={total} is fewer than the {n} prompts")
+    if total > n:
+        prompts = prompts + [min(prompts, key=len)] * (total - n)
+    runner.reset(total)
     _sync(dev)
     t0 = time.perf_counter()
-    logits = _prefill(runner, prompts, PREFILL_TOKEN_BUDGET)
-    tok = sample_next(logits, temperature, top_p, generator)
+    logits = _prefill(runner, prompts, PREFILL_TOKEN_BUDGET)  # [B, V]
+    tok = sample_next(logits[:n], temperature, top_p, generator)  # [n]
     _sync(dev)
     t1 = time.perf_counter()
-    out = torch.empty(B, max_new_tokens, dtype=torch.long, device=dev)
+    out = torch.empty(n, max_new_tokens, dtype=torch.long, device=dev)
     eos_t = torch.tensor(eos, dtype=torch.long, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    ones = torch.ones(B, dtype=torch.long)
+    done = torch.zeros(n, dtype=torch.bool, device=dev)
+    ones = torch.ones(total, dtype=torch.long)
+    feed = torch.zeros(total, 1, dtype=torch.long, device=dev)  # [B, 1] real tokens, then padding rows' 0
     steps = 0
     for step in range(max_new_tokens):
         out[:, step] = tok
@@ -143,14 +189,18 @@ def _generate_batch(
             done |= torch.isin(tok, eos_t)
         if step == max_new_tokens - 1 or (eos and steps % check_every == 0 and bool(done.all())):
             break
-        o = runner.forward(tok[:, None], runner.lengths[:, None])
+        if total == n:
+            feed = tok[:, None]
+        else:
+            feed[:n, 0] = tok
+        o = runner.forward(feed, runner.lengths[:, None])
         commit_leading(runner, ones, 1)
-        tok = sample_next(o.logits[:, 0], temperature, top_p, generator)
-    rows = out[:, :steps].tolist()
+        tok = sample_next(o.logits[:n, 0], temperature, top_p, generator)
+    generated = out[:, :steps].tolist()
     _sync(dev)
     t2 = time.perf_counter()
     eos_set = set(eos)
-    return [_trim(r, eos_set) for r in rows], t1 - t0, t2 - t1, steps - 1
+    return [_trim(r, eos_set) for r in generated], t1 - t0, t2 - t1, steps - 1
 
 
 def _as_runner(
@@ -192,13 +242,16 @@ def generate_plain_with_stats(
     *,
     max_batch_size: int = DEFAULT_MAX_BATCH,
     check_every: int = 16,
+    pad_rows: bool | None = None,
 ) -> PlainResult:
     """Decode every prompt (token ids) up to `max_new_tokens` new tokens or an eos.
 
     runner_or_target: a TargetRunner (FastTargetRunner/GenericTargetRunner; its max_batch_size and
     max_seq_len bound the batches) or a LoadedTarget (a runner is built for these prompts).
     eos_token_ids: None = the runner's/target's own eos ids; () = never stop early.
-    Prompts are batched longest first, `max_batch_size` (or the runner's) at a time."""
+    Prompts are batched longest first, `max_batch_size` (or the runner's) at a time.
+    pad_rows: run each batch padded to `padded_rows` rows (None = when the runner uses CUDA graphs);
+    padding changes no real row's tokens. The result's counts cover the real prompts only."""
     if not prompts:
         return PlainResult([], 0, 0, 0.0, 0.0, 0)
     if any(len(p) == 0 for p in prompts):
@@ -220,27 +273,37 @@ def generate_plain_with_stats(
         generator.manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     per_batch = min(max_batch_size, runner.max_batch_size)
+    pad = bool(getattr(runner, "use_graphs", False)) if pad_rows is None else pad_rows
     results: list[list[int]] = [[] for _ in prompts]
     prefill_s = decode_s = 0.0
     forwards = 0
+    graphs_before, capture_s_before = _graph_stats(runner)
     for idx in length_buckets(order, [len(p) for p in prompts], per_batch):
         batch = [list(prompts[i]) for i in idx]
-        rows, p_s, d_s, n_fwd = _generate_batch(
-            runner, batch, max_new_tokens, temperature, top_p, generator, eos, check_every
+        rows = padded_rows(len(batch), runner.max_batch_size) if pad else None
+        generated, p_s, d_s, n_fwd = _generate_batch(
+            runner, batch, max_new_tokens, temperature, top_p, generator, eos, check_every, rows
         )
-        for i, row in zip(idx, rows, strict=True):
+        for i, row in zip(idx, generated, strict=True):
             results[i] = row
         prefill_s, decode_s, forwards = prefill_s + p_s, decode_s + d_s, forwards + n_fwd
+    graphs_after, capture_s_after = _graph_stats(runner)
+    captured, capture_s = graphs_after - graphs_before, capture_s_after - capture_s_before
     new = sum(len(r) for r in results)
     log.info(
-        "plain decoding: %d prompts, %d new tokens, prefill %.3fs, decode %.3fs (%.1f tok/s)",
+        "plain decoding: %d prompts, %d new tokens, prefill %.3fs, decode %.3fs (%.1f tok/s); "
+        "%d CUDA graphs captured in %.2fs",
         len(prompts),
         new,
         prefill_s,
         decode_s,
         new / max(prefill_s + decode_s, 1e-9),
+        captured,
+        capture_s,
     )
-    return PlainResult(results, sum(len(p) for p in prompts), new, prefill_s, decode_s, forwards)
+    return PlainResult(
+        results, sum(len(p) for p in prompts), new, prefill_s, decode_s, forwards, captured, capture_s
+    )
 
 
 def generate_plain(
@@ -253,6 +316,7 @@ def generate_plain(
     eos_token_ids: Sequence[int] | None = None,
     *,
     max_batch_size: int = DEFAULT_MAX_BATCH,
+    pad_rows: bool | None = None,
 ) -> list[list[int]]:
     """As generate_plain_with_stats, returning the generated token ids per prompt only."""
     return generate_plain_with_stats(
@@ -264,19 +328,37 @@ def generate_plain(
         seed,
         eos_token_ids,
         max_batch_size=max_batch_size,
+        pad_rows=pad_rows,
     ).tokens
 
 
 class ReusedRunnerGenerate:
     """`generate_plain` over one runner kept across calls, rebuilt only when a call needs more rows or
-    a longer sequence than the current one holds (lengths rounded up to RUNNER_LENGTH_STEP).
+    a longer sequence than the current one holds (lengths rounded up to RUNNER_LENGTH_STEP; on a CUDA
+    target, rows rounded up to `padded_rows`, the sizes its batches run with).
 
     Regeneration calls generation once per batch and turn: with a fresh runner each time, CUDA graphs
-    and compiled code were built again for every batch (and their memory pools piled up)."""
+    and compiled code were built again for every batch (and their memory pools piled up). A caller
+    that knows its largest batch and sequence up front calls `reserve` first, so the runner is built
+    once, at that size, by the first call (a rebuild recompiles and recaptures everything)."""
 
     def __init__(self, max_batch_size: int = DEFAULT_MAX_BATCH) -> None:
         self.max_batch_size = max_batch_size
         self.runner: Any = None
+        self.reserved_rows = 0
+        self.reserved_seq_len = 0
+
+    def reserve(self, max_batch_size: int, max_seq_len: int) -> None:
+        """Size the runner the next call builds for batches of up to `max_batch_size` prompts (capped
+        at this object's max_batch_size, the most rows a forward runs) and prompt + new tokens of up
+        to `max_seq_len`; calls that need more still rebuild it."""
+        if max_batch_size < 1 or max_seq_len < 1:
+            raise ConfigError(
+                f"ReusedRunnerGenerate.reserve: max_batch_size={max_batch_size} and "
+                f"max_seq_len={max_seq_len} must be >= 1"
+            )
+        self.reserved_rows = max(self.reserved_rows, min(max_batch_size, self.max_batch_size))
+        self.reserved_seq_len = max(self.reserved_seq_len, max_seq_len)
 
     def __call__(
         self,
@@ -296,10 +378,14 @@ class ReusedRunnerGenerate:
         if runner is None or runner.max_seq_len < need_len or runner.max_batch_size < need_rows:
             from eaglewire.target.runtime.factory import make_target_runner
 
-            rows = max(need_rows, runner.max_batch_size if runner is not None else 0)
-            length = -(-need_len // RUNNER_LENGTH_STEP) * RUNNER_LENGTH_STEP
+            rows = max(need_rows, self.reserved_rows, runner.max_batch_size if runner is not None else 0)
+            if target.device.type == "cuda":  # graphs: batches run padded, so hold the padded rows
+                rows = padded_rows(rows, max(rows, self.max_batch_size))
+            length = max(need_len, self.reserved_seq_len)
+            length = -(-length // RUNNER_LENGTH_STEP) * RUNNER_LENGTH_STEP
             self.runner = runner = None  # free the old cache before allocating the new one
             runner = make_target_runner(target, (), max_batch_size=rows, max_seq_len=length)
+            log.info("plain generation runner: max_batch_size=%d, max_seq_len=%d", rows, length)
             self.runner = runner
         return generate_plain(
             runner,

@@ -4,12 +4,15 @@ A `GraphCache` maps a key (batch, new tokens, attended slots, variant) to a capt
 static input buffers. Running it copies the inputs into those buffers and replays the graph: one
 launch for the whole forward, no Python or host synchronisation per kernel. All graphs share one
 memory pool (they never run concurrently; every output a caller still holds stays allocated).
+Each capture is timed (warm-up runs, where torch.compile does its work, included): `captures` and
+`capture_seconds` are running totals, so callers can report what a new shape cost them.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 import types
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -44,6 +47,8 @@ class GraphCache:
         self.warmup_runs = warmup_runs
         self._graphs: dict[Hashable, CapturedGraph] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self.captures = 0  # graphs captured so far (clear() does not reset it)
+        self.capture_seconds = 0.0  # seconds those captures took, warm-up and compilation included
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -60,6 +65,8 @@ class GraphCache:
         found = self._graphs.get(key)
         if found is not None:
             return found
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
         inputs = make_inputs()
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -70,9 +77,20 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = fn(inputs)
+        torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        self.captures += 1
+        self.capture_seconds += seconds
         captured = CapturedGraph(graph=graph, inputs=inputs, outputs=outputs)
         self._graphs[key] = captured
-        log.debug("captured CUDA graph %s (%d graphs)", key, len(self._graphs))
+        log.debug(
+            "captured CUDA graph %s in %.3fs (%d graphs held; %d captures, %.2fs in all)",
+            key,
+            seconds,
+            len(self._graphs),
+            self.captures,
+            self.capture_seconds,
+        )
         return captured
 
     def clear(self) -> None:

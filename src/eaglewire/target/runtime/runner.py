@@ -156,6 +156,14 @@ class FastTargetRunner:
     def max_batch_size(self) -> int:
         return self.cache.max_batch_size
 
+    @property
+    def graph_stats(self) -> tuple[int, float]:
+        """(CUDA graphs captured, seconds their captures took, compilation included) over this
+        runner's life; (0, 0.0) without graphs."""
+        if self._graphs is None:
+            return 0, 0.0
+        return self._graphs.captures, self._graphs.capture_seconds
+
     @torch.no_grad()
     def forward(
         self,

@@ -220,7 +220,7 @@ def capture_cmd(
     max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="padded tokens per forward"),
     shard_records: int = typer.Option(256, "--shard-records", help="records per shard file"),
     write_workers: int = typer.Option(
-        4, "--write-workers", help="threads writing shards while the target computes the next ones"
+        8, "--write-workers", help="threads writing shards while the target computes the next ones"
     ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
     device: str = typer.Option("cpu", "--device"),

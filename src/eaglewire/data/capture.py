@@ -143,7 +143,7 @@ def capture_records(
                 recs[i].record_id,
                 recs[i].input_ids,
                 recs[i].loss_mask,
-                aux[row, :T],  # views: the shard writer copies them into one tensor anyway
+                aux[row, :T],  # views: the shard writer streams them to the file without a copy
                 final[row, :T],
             )
     return [r for r in out if r is not None]
@@ -161,13 +161,14 @@ def capture_dataset(
     shard_records: int = 256,
     source: str = "",
     show_progress: bool = True,
-    write_workers: int = 4,
+    write_workers: int = 8,
 ) -> CaptureStats:
     """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
 
-    The target runs on the calling thread while up to `write_workers` threads serialise, checksum
-    and write earlier shards (at most write_workers + 1 shards are held in memory), so disk and
-    sha256 time overlap the target's forwards instead of adding to them."""
+    The target runs on the calling thread while up to `write_workers` threads stream earlier shards
+    to disk and sha256 (at most write_workers + 1 shards' records are held in memory; writing adds
+    no copy of them), so disk and sha256 time overlap the target's forwards instead of adding to
+    them."""
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
     want = dataset.meta.get("tokenizer_hash")

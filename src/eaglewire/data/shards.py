@@ -11,8 +11,9 @@ A shard directory holds:
   completed shard (file, first record, counts, bytes, sha256). It is rewritten atomically
   after every shard, so an interrupted run resumes at the first shard not listed.
 
-Shards are written atomically (temporary file + rename). `ShardDataset` verifies each shard's
-sha256 the first time it is opened and names the shard when it does not match.
+Shards are streamed to disk in one pass, hashed as they are written, and written atomically
+(temporary file + rename). `ShardDataset` verifies each shard's sha256 the first time it is
+opened and names the shard when it does not match.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any, Literal
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from eaglewire.contract.contract import Contract, require_same_wiring
+from eaglewire.data.safetensors_stream import write_safetensors_stream
 from eaglewire.data.types import CapturedRecord
 from eaglewire.errors import DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json, sha256_file
@@ -63,12 +64,16 @@ class ShardInfo:
 
 
 def write_shard(path: Path, index: int, first_record: int, records: list[CapturedRecord]) -> ShardInfo:
-    """Write `records` as one shard atomically; return its manifest entry."""
+    """Write `records` as one shard atomically; return its manifest entry.
+
+    The records' tensors are streamed into the file (and its sha256) one after another, never
+    concatenated in memory: see `safetensors_stream.write_safetensors_stream`."""
     if not records:
         raise ValueError("write_shard: no records")
     lengths = torch.tensor([int(r.input_ids.numel()) for r in records], dtype=torch.long)
     offsets = torch.zeros(len(records) + 1, dtype=torch.long)
     offsets[1:] = torch.cumsum(lengths, 0)
+    first = records[0]
     for r in records:
         T = int(r.input_ids.numel())
         if r.loss_mask.shape != (T,) or r.aux.shape[0] != T or r.final.shape[0] != T:
@@ -76,24 +81,30 @@ def write_shard(path: Path, index: int, first_record: int, records: list[Capture
                 f"record {r.record_id}: lengths disagree: input_ids {T}, loss_mask {tuple(r.loss_mask.shape)}, "
                 f"aux {tuple(r.aux.shape)}, final {tuple(r.final.shape)}"
             )
+        for name, t, t0 in (("aux", r.aux, first.aux), ("final", r.final, first.final)):
+            if t.shape[1:] != t0.shape[1:] or t.dtype != t0.dtype:
+                raise DataFormatError(
+                    f"shard {path}: record {r.record_id}: {name} {tuple(t.shape)} {t.dtype} does not match "
+                    f"record {first.record_id}'s {name} {tuple(t0.shape)} {t0.dtype} (same width and dtype expected)"
+                )
+    loss_mask = [r.loss_mask.bool() for r in records]
     tensors = {
-        "input_ids": torch.cat([r.input_ids for r in records]).to(torch.int64).contiguous(),
-        "loss_mask": torch.cat([r.loss_mask for r in records]).bool().contiguous(),
-        "aux": torch.cat([r.aux for r in records]).contiguous(),  # [N, A*Ht]
-        "final": torch.cat([r.final for r in records]).contiguous(),  # [N, Ht]
-        "offsets": offsets,
+        "input_ids": [r.input_ids.to(torch.int64) for r in records],  # [N] in the file
+        "loss_mask": loss_mask,  # [N]
+        "aux": [r.aux for r in records],  # [N, A*Ht]
+        "final": [r.final for r in records],  # [N, Ht]
+        "offsets": [offsets],  # [R+1]
     }
     metadata = {"record_ids": json.dumps([r.record_id for r in records]), "format": MANIFEST_FORMAT}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-        size, digest = tmp.stat().st_size, sha256_file(tmp)
+        size, digest = write_safetensors_stream(tmp, tensors, metadata)
     return ShardInfo(
         index=index,
         file=path.name,
         first_record=first_record,
         records=len(records),
         tokens=int(offsets[-1]),
-        loss_tokens=int(tensors["loss_mask"].sum()),
+        loss_tokens=sum(int(m.sum()) for m in loss_mask),
         bytes=size,
         sha256=digest,
     )

@@ -123,6 +123,85 @@ def speculative_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dic
     return rows
 
 
+def per_call_ms(
+    fn: Callable[[], Any], device: torch.device, calls: int = 20, repeats: int = 5
+) -> tuple[float, float]:
+    """(GPU-timeline ms per call by CUDA events, host ms per call to enqueue it), medians, after warm-up.
+    When the host is slower than the GPU the two agree; otherwise the first is the GPU's time."""
+    for _ in range(3):
+        fn()
+    gpu, host = [], []
+    for _ in range(repeats):
+        _sync(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host.append((time.perf_counter() - t0) * 1e3 / calls)
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            gpu.append(start.elapsed_time(end) / calls)
+        else:
+            _sync(device)
+            gpu.append(host[-1])
+    return sorted(gpu)[len(gpu) // 2], sorted(host)[len(host) // 2]
+
+
+def component_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The pieces of one round on a 128-token context: target forwards of 1, 6 (chain) and 16 (tree)
+    tokens, greedy verification of 6 and 16 nodes (one host read each), a chain-5 and a 6x4x16 draft,
+    an extend of 3 rows."""
+    from eaglewire.engine.interfaces import commit_leading
+    from eaglewire.engine.tree import tree_from_parents
+    from eaglewire.engine.verify import verify_greedy
+
+    dev = target.device
+    runner = make_runner(target, default_boundaries(target.num_layers), "auto", max_seq_len=1024)
+    runner.reset(1)
+    context = args.prompt_len
+    ids = torch.randint(3, min(1000, target.vocab_size), (1, context), device=dev)
+    runner.forward(ids, torch.arange(context, device=dev)[None])
+    commit_leading(runner, torch.tensor([context]), context)
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, fn: Callable[[], Any]) -> None:
+        gpu, host = per_call_ms(fn, dev)
+        rows.append({"loop": "component", "setting": name, "gpu_ms": gpu, "host_ms": host})
+
+    chain = tree_from_parents(torch.arange(6, device=dev) + 5, torch.arange(-1, 5, device=dev))
+    parents16 = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 2, 2, 3, 5, 5, 7, 10, 10, 13], device=dev)
+    tree = tree_from_parents(torch.arange(16, device=dev) + 5, parents16)
+    for name, t in (("1 token", None), ("6-token chain", chain), ("16-node tree", tree)):
+        n = 1 if t is None else t.num_nodes
+        tok = torch.full((1, n), 7, device=dev)
+        pos = (t.depths if t is not None else torch.zeros(1, dtype=torch.long, device=dev)) + context
+        mask = None if t is None else t.ancestor_mask()[None]
+        add(
+            f"target forward, {name}",
+            lambda tok=tok, pos=pos, mask=mask: runner.forward(tok, pos[None], mask),
+        )
+        if t is not None:
+            logits = runner.forward(tok, pos[None], mask).logits[0]
+            add(f"greedy verification, {name}", lambda t=t, logits=logits: verify_greedy(t, logits))
+    draft = random_draft(target, args.vd)
+    aux = torch.randn(context, 3 * target.hidden_size, device=dev, dtype=target.dtype)
+    for name, spec in (("chain 5", SpecArgs(5, 1, 6)), ("tree 6x4x16", SpecArgs(6, 4, 16))):
+        drafter = Drafter(draft, spec, max_seq_len=1024)
+        drafter.extend(aux[:-3], ids[0, 1 : context - 2], start_position=0)
+        add(f"draft_tree, {name}", lambda d=drafter: d.draft_tree(7, context, SamplingParams()))
+        if spec.is_chain:
+
+            def extend(d: Drafter = drafter) -> None:
+                d.committed = context - 3
+                d.extend(aux[-3:], ids[0, -3:], start_position=context - 3)
+
+            add("draft extend, 3 rows", extend)
+    return rows
+
+
 def plain_batch_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[str, Any]]:
     dev = target.device
     rows = []
@@ -183,9 +262,14 @@ def main() -> None:
         args.vd, args.prompt_len, args.new_tokens, args.batches = 64, 16, 8, [4]
     else:
         target = load_target(args.target, dtype="bfloat16", device="cuda")
+    components = component_rows(target, args)
     rows = speculative_rows(target, args) + plain_batch_rows(target, args)
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+        args.out.write_text(json.dumps(rows + components, indent=1))
+    for r in components:
+        print(
+            f"{r['setting']:<40} GPU timeline {r['gpu_ms']:7.3f} ms/call   host {r['host_ms']:7.3f} ms/call"
+        )
     for r in rows:
         for k, v in r.items():
             if k != "top_kernels_ms":

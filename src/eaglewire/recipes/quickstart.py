@@ -92,9 +92,12 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
             loaded, run.path("data", "magpie_prompts.jsonl"), p.magpie_prompts, sampling=sampling
         )
         convs += [first_user_turns(c, 1) for c in magpie if heldout_split(c.record_id) == "train"]
-    # A fixed order that mixes the sources, so regeneration stopped by its time budget still
-    # covers each of them; keyed by record id, so a resumed run sees the same order.
-    return sorted(convs, key=lambda c: hashlib.sha256(c.record_id.encode("utf-8")).hexdigest())
+    if train and p.regenerate and p.regen_max_seconds > 0:
+        # Regeneration may stop at its time budget: a fixed order that mixes the sources keeps each
+        # of them covered (keyed by record id, so a resumed run sees the same order). Without a
+        # budget the order only changes how prompts share batches, so the sources stay grouped.
+        convs.sort(key=lambda c: hashlib.sha256(c.record_id.encode("utf-8")).hexdigest())
+    return convs
 
 
 def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:

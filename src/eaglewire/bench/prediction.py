@@ -156,12 +156,16 @@ def evaluate_predictor(
     max_records: int = 0,
     device: str | None = None,
     target_dtype: str | None = None,
+    horizon: int | None = None,
 ) -> TauPredictor:
     """Run the trainer's offline evaluation (`eaglewire.train.run.run_eval`) on a held-out tokenized
-    dataset or shard directory: an `EvalResult`, which predicts chains and trees."""
+    dataset or shard directory: an `EvalResult`, which predicts chains and trees. `horizon`: replay
+    only the first that many tokens of each response (the benchmark's max_new_tokens)."""
+    from dataclasses import replace
+
     from eaglewire.train.run import run_eval
 
-    return run_eval(
+    result = run_eval(
         draft_dir=Path(draft_dir),
         target=target,
         data_dir=Path(data_dir),
@@ -170,6 +174,7 @@ def evaluate_predictor(
         device=device,
         target_dtype=target_dtype,
     )
+    return replace(result, horizon=horizon)
 
 
 def _node_probability(predictor: TauPredictor, node: Node) -> float:

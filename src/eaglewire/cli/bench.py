@@ -144,6 +144,7 @@ def bench(
             max_records=eval_max_records,
             device=device,
             target_dtype=dtype,
+            horizon=max_new_tokens,
         )
     elif eval_report is not None:
         predictor = load_summary_predictor(eval_report)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -47,6 +48,12 @@ def eval_command(
     max_length: int = typer.Option(2048, "--max-length"),
     device: str = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available)"),
     target_dtype: str = typer.Option(None, "--target-dtype"),
+    horizon: int = typer.Option(
+        0,
+        "--horizon",
+        help="predict tau over the first N tokens of each response, as a decoder with max_new_tokens=N "
+        "(0 = whole responses)",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Per-step accuracy (unconditional and given all earlier steps right) and predicted tau."""
@@ -65,8 +72,13 @@ def eval_command(
         device=device,
         target_dtype=target_dtype,
     )
+    if horizon < 0:
+        raise typer.BadParameter(f"--horizon: expected >= 0 tokens, got {horizon}")
+    if horizon:
+        result = replace(result, horizon=horizon)
     summary = result.summary()
     report = {
+        "horizon": horizon or None,
         **summary,
         "num_steps": num_steps,
         "tau_pred_chain": {k: result.tau_chain(k) for k in range(1, num_steps + 1)},

@@ -200,7 +200,14 @@ def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
         target_dtype=p.target_dtype,
     )
     summary = result.summary()
-    return {"summary": summary, "predicted_tau_chain": result.tau_chain(p.chain_steps)}
+    # the decode stage generates at most decode_max_new_tokens per prompt: predict that horizon
+    at_decode = replace(result, horizon=p.decode_max_new_tokens)
+    return {
+        "summary": summary,
+        "predicted_tau_chain": at_decode.tau_chain(p.chain_steps),
+        "predicted_horizon_tokens": p.decode_max_new_tokens,
+        "predicted_tau_chain_whole_responses": result.tau_chain(p.chain_steps),
+    }
 
 
 def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, Any]:

@@ -47,6 +47,9 @@ prompts in the eval set resemble the served ones; every response is served as it
 (its prompt = the record up to it, prefilled at once). Under these a static tree's replay is exact.
 A dynamic tree (SGLang's topk/num_steps/num_draft_tokens, reranked per round by draft scores) is
 approximated by the static tree of the same nodes; responses truncated at max_length end early.
+With `EvalResult.horizon` (`eaglewire eval --horizon`; the bench and the quickstart use their
+max_new_tokens) rounds start only within the first `horizon` tokens of each response, as a decoder
+stopping there: long regenerated answers often end in loops that are easy to draft.
 """
 
 from __future__ import annotations
@@ -197,15 +200,21 @@ class Replay:
                 "per_position_acceptance": self.per_position_acceptance}  # fmt: skip
 
 
-def replay_accepted(accepted: torch.Tensor, spans: Sequence[tuple[int, int]], depth: int) -> Replay:
+def replay_accepted(
+    accepted: torch.Tensor, spans: Sequence[tuple[int, int]], depth: int, horizon: int | None = None
+) -> Replay:
     """accepted [N] int (drafts a round starting at each row accepts, at most `depth`), spans from
     `response_spans` -> the Replay: each response from its second row, n accepted -> n + 1 tokens,
-    next round at t + n + 1."""
+    next round at t + n + 1. `horizon`: rounds start only within the first `horizon` tokens of each
+    response, as a decoder with max_new_tokens = horizon (None: whole responses)."""
+    if horizon is not None and horizon < 1:
+        raise ConfigError(f"replay horizon: expected >= 1 token (or None), got {horizon}")
     acc = accepted.tolist()
     hist = [0] * (depth + 1)  # rounds by number of accepted drafts
     for start, end in spans:
         t = start + 1
-        while t < end:
+        stop = end if horizon is None else min(end, start + horizon)
+        while t < stop:
             n = acc[t]
             hist[n] += 1
             t += n + 1
@@ -216,14 +225,19 @@ def replay_accepted(accepted: torch.Tensor, spans: Sequence[tuple[int, int]], de
 
 
 def replay_tree(
-    ranks: torch.Tensor, valid: torch.Tensor, segments: Sequence[int], tree: Sequence[Sequence[int]]
+    ranks: torch.Tensor,
+    valid: torch.Tensor,
+    segments: Sequence[int],
+    tree: Sequence[Sequence[int]],
+    horizon: int | None = None,
 ) -> Replay:
     """ranks [N, S] int, valid [N, S] bool (record slices back to back), segments: rows per slice ->
-    the replayed decoding of the static `tree` (a chain is `chain_tree(k)`)."""
+    the replayed decoding of the static `tree` (a chain is `chain_tree(k)`), over the first
+    `horizon` tokens of each response (None: all of it)."""
     nodes = validate_tree(tree)
     accepted = accepted_drafts(ranks, valid, nodes)  # checks the depth against S
     spans = response_spans(valid[:, 0], segments)
-    return replay_accepted(accepted, spans, max(len(p) for p in nodes))
+    return replay_accepted(accepted, spans, max(len(p) for p in nodes), horizon)
 
 
 @dataclass
@@ -235,6 +249,10 @@ class EvalResult:
     records: int
     tokens: int
     segments: tuple[int, ...] | None = None  # rows of `ranks` per record slice, in order; None: one slice
+    # Replay only the first `horizon` tokens of each response, as a decoder whose max_new_tokens is
+    # that (long regenerated answers often end in easy loops a short benchmark never reaches);
+    # None: whole responses. `dataclasses.replace(result, horizon=n)` gives a result with its own cache.
+    horizon: int | None = None
     _replays: dict[tuple[tuple[int, ...], ...], Replay] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -279,7 +297,7 @@ class EvalResult:
             )
         if nodes not in self._replays:
             segments = self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
-            self._replays[nodes] = replay_tree(self.ranks, self.valid, segments, nodes)
+            self._replays[nodes] = replay_tree(self.ranks, self.valid, segments, nodes, self.horizon)
         return self._replays[nodes]
 
     def replay_chain(self, k: int) -> Replay:

@@ -78,6 +78,22 @@ def test_replay_chain_on_clustered_errors():
     assert (r1.rounds, r1.tokens, r1.per_position_acceptance) == (8, 12, [0.5])
 
 
+def test_replay_horizon_stops_rounds_like_max_new_tokens():
+    # The clustered response above: a decoder with max_new_tokens = 5 emits the prefill's token and
+    # 4 one-token rounds (t = 1..4), so it never reaches the easy stretch that starts at row 5.
+    ranks = torch.tensor([[0, 0]] + [[1, 1]] * 4 + [[0, 0]] * 8, dtype=torch.int16)
+    valid = _region(13, 2)
+    short = replay_tree(ranks, valid, [13], chain_tree(2), horizon=5)
+    assert (short.rounds, short.tokens, short.tau) == (4, 4, 1.0)
+    # a horizon past the response's end changes nothing
+    whole = replay_tree(ranks, valid, [13], chain_tree(2))
+    assert replay_tree(ranks, valid, [13], chain_tree(2), horizon=100) == whole
+    # a round that starts inside the horizon counts whole (a decoder cuts its tokens; tau is per round)
+    assert replay_tree(ranks, valid, [13], chain_tree(2), horizon=6).tokens == 4 + 3
+    with pytest.raises(ConfigError, match="horizon"):
+        replay_tree(ranks, valid, [13], chain_tree(2), horizon=0)
+
+
 def test_replay_walks_each_response_of_each_record():
     # Two record slices back to back: 5 rows (row 0 prompt) and 8 rows (two responses: rows 0-2, 5-7).
     valid0 = torch.tensor([0, 1, 1, 1, 1] + [1, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)

@@ -32,7 +32,8 @@ from typing import cast
 
 import torch
 
-from eaglewire.draft.model import DraftOutput, Eagle3Draft, attend
+from eaglewire.draft.model import DraftOutput, Eagle3Draft
+from eaglewire.engine.draft_cache import INITIAL_CACHE_ROWS, DraftCache
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.tree import DraftTree, root_only, select_nodes
@@ -41,9 +42,6 @@ from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import kv_bucket
 
 log = logging.getLogger(__name__)
-
-INITIAL_CACHE_ROWS = 256
-
 
 TOPK_CHUNK = 128  # top_k's first pass picks candidates inside chunks of this many entries
 
@@ -67,61 +65,6 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     candidates = (chunks.indices + offsets).view(R, -1)  # [R, C*k] indices into V
     best = chunks.values.view(R, -1).topk(k, dim=-1)  # [R, k] over the candidates
     return best.values, candidates.gather(-1, best.indices)
-
-
-class DraftCache:
-    """The draft layer's keys/values in preallocated buffers: a committed prefix, then provisional
-    tree rows. Rows are written at slots given as a device tensor (`write`), so one captured CUDA
-    graph serves every cache length up to its window. `ensure` grows the buffers host-side, before
-    a forward (never inside a graph), keeping what they hold."""
-
-    def __init__(
-        self,
-        num_kv_heads: int,
-        head_dim: int,
-        *,
-        dtype: torch.dtype,
-        device: torch.device,
-        capacity: int = INITIAL_CACHE_ROWS,
-    ) -> None:
-        self.key = torch.zeros(1, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.value = torch.zeros_like(self.key)  # [1, nkv, capacity, hd]
-        self._slots: torch.Tensor | None = None  # [T] where the next append's rows go
-        self._window = 0  # keys the next append returns: slots 0 .. window-1
-
-    @property
-    def capacity(self) -> int:
-        return int(self.key.shape[2])
-
-    def ensure(self, rows: int) -> bool:
-        """Room for `rows` slots; True when the buffers were reallocated (captured graphs are stale)."""
-        if rows <= self.capacity:
-            return False
-        capacity = max(rows, 2 * self.capacity)
-        old_key, old_value = self.key, self.value
-        self.key = old_key.new_zeros(*old_key.shape[:2], capacity, old_key.shape[3])
-        self.value = torch.zeros_like(self.key)
-        self.key[:, :, : old_key.shape[2]] = old_key
-        self.value[:, :, : old_value.shape[2]] = old_value
-        return True
-
-    def write(self, slots: torch.Tensor, window: int) -> None:
-        """Set where the next `append` stores its rows ([T] slots) and how many slots it returns."""
-        self._slots, self._window = slots, window
-
-    def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new [1, nkv, T, hd] keys/values at the slots set by `write`; return the first
-        `window` slots [1, nkv, W, hd] (the caller's mask hides those not meaningful yet)."""
-        if self._slots is None:
-            raise RuntimeError("DraftCache.append before write(): where the rows go is not set")
-        self.key.index_copy_(2, self._slots, key)
-        self.value.index_copy_(2, self._slots, value)
-        return self.key[:, :, : self._window], self.value[:, :, : self._window]
-
-    def attend(
-        self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return attend(q, *self.append(key, value), mask)
 
 
 @dataclass

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.engine.drafting import DraftCache, Drafter
+from eaglewire.engine.draft_cache import DraftCache
+from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.target.capture import capture

@@ -8,9 +8,9 @@ Without a draft the tree is the root alone and the loop is plain decoding on the
     prefill:  target(prompt[:-1]) -> commit; draft.extend(aux, prompt[1:])
     round:    tree   = draft(root)                              num_steps draft forwards
               fwd    = target(tree tokens, positions, mask)     one target forward
-              verdict= verify(tree, fwd.logits)                 accepted path + bonus
-              target.commit(path); emit verdict tokens; stop?   eos / stop string / max tokens
+              verdict= verify(tree, fwd.logits)                 accepted path + bonus (one host read)
               draft.extend(fwd.aux[path], emitted)              rows for the accepted tokens
+              target.commit(path); emit verdict tokens; stop?   eos / stop string / max tokens
               root   = bonus
 """
 
@@ -112,10 +112,18 @@ def speculative_generate(
                 tree.ancestor_mask()[None].to(device),
             )
             verdict: Verdict = verify(tree, fwd.logits[0], sampling, verify_generator)
+        path = verdict.path_device
+        if path is None:  # sampled verification decides on the host
+            path = torch.tensor(verdict.path, device=device)
+        if drafter is not None:
+            # Extend the draft first: the GPU runs it while the host does the bookkeeping below, the
+            # host having just waited for verification. (After the last round it is wasted, not wrong.)
+            with timers.phase("draft"):
+                emitted = verdict.emitted_device
+                if emitted is None:
+                    emitted = torch.tensor(verdict.emitted)
+                drafter.extend(fwd.aux[0, path], emitted, start_position=root_position)
         with timers.phase("accept"):
-            path = verdict.path_device
-            if path is None:  # sampled verification decides on the host
-                path = torch.tensor(verdict.path, device=device)
             _commit(runner, verdict.path, path, tree.num_nodes)
             trace.accepted_per_round.append(verdict.num_accepted_drafts)
             trace.emitted_per_round.append(len(verdict.emitted))
@@ -124,12 +132,6 @@ def speculative_generate(
         if finish is not None:
             trace.finish_reason = finish
             break
-        if drafter is not None:
-            with timers.phase("draft"):
-                emitted = verdict.emitted_device
-                if emitted is None:
-                    emitted = torch.tensor(verdict.emitted)
-                drafter.extend(fwd.aux[0, path], emitted, start_position=root_position)
         root = verdict.emitted[-1]
     trace.phase_seconds = timers.summary()
     return trace

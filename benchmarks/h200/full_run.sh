@@ -22,7 +22,7 @@
 #   sweep       eaglewire bench --sweep on the trained draft (writes best_setting.json into the draft)
 #   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
-#   loop_profile benchmarks/loop_profile.py: wall vs GPU kernel time per decoding step (not run by default)
+#   loop_profile benchmarks/loop_profile.py: a round's components, and wall vs GPU kernel time per decoding step
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
@@ -190,8 +190,8 @@ do_sweep() {
   [ -d "$qs/data/eval" ] && predict=(--eval-data "$qs/data/eval" --eval-max-records "${SWEEP_EVAL_RECORDS:-64}")
   timeout "${SWEEP_TIMEOUT_S:-300}" "$PY" -m eaglewire bench --target "$target" --draft "$d" \
     --prompts "${SWEEP_PROMPTS:-chitchat-eval}" --num-prompts "${SWEEP_NUM_PROMPTS:-8}" \
-    --max-new-tokens "${SWEEP_MAX_NEW_TOKENS:-128}" --sweep --sweep-num-steps "${SWEEP_NUM_STEPS:-2,4,6}" \
-    --sweep-topk "${SWEEP_TOPK:-1,4}" --sweep-num-draft-tokens "${SWEEP_NUM_DRAFT_TOKENS:-8,16}" \
+    --max-new-tokens "${SWEEP_MAX_NEW_TOKENS:-128}" --sweep --sweep-num-steps "${SWEEP_NUM_STEPS:-3,5}" \
+    --sweep-topk "${SWEEP_TOPK:-1,4}" --sweep-num-draft-tokens "${SWEEP_NUM_DRAFT_TOKENS:-16}" \
     "${predict[@]}" --out "$sweep_out"
 }
 
@@ -211,7 +211,7 @@ step env do_env
 step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
 # STEPS picks and orders the steps after convert (a session with little device time left skips the
 # measurements it already has).
-for name in ${STEPS:-draft_speed capture quickstart sweep export gpu_tests}; do
+for name in ${STEPS:-gpu_tests loop_profile quickstart capture sweep export draft_speed}; do
   case "$name" in
     draft_speed | capture | loop_profile | quickstart | sweep | export | gpu_tests) step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;

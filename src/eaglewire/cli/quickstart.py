@@ -70,6 +70,12 @@ def quickstart(
     target: str = typer.Option("smollm2", "--target", help="target to run the recipe on"),
     chitchat: int = typer.Option(None, "--chitchat", help="override: training conversations from chitchat"),
     epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
+    regen_max_seconds: float = typer.Option(
+        None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
+    ),
+    train_max_seconds: float = typer.Option(
+        None, "--train-max-seconds", help="override: training time budget in seconds (0 = epochs decide)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
@@ -79,7 +85,13 @@ def quickstart(
     from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
 
     name = preset or ("gpu" if torch.cuda.is_available() else "cpu")
-    chosen = get_preset(name, chitchat_conversations=chitchat, epochs=epochs)
+    chosen = get_preset(
+        name,
+        chitchat_conversations=chitchat,
+        epochs=epochs,
+        regen_max_seconds=regen_max_seconds,
+        train_max_seconds=train_max_seconds,
+    )
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")
 

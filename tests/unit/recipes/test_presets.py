@@ -1,0 +1,46 @@
+"""Quickstart presets: overrides are checked by name and value, and the quickstart mixes the
+regeneration order of its sources only when a time budget can cut regeneration."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglewire.errors import ConfigError
+from eaglewire.recipes.presets import PRESETS, get_preset
+
+
+def test_overrides_replace_fields_and_none_keeps_the_preset():
+    gpu = get_preset("gpu", regen_max_seconds=60.0, train_max_seconds=None)
+    assert gpu.regen_max_seconds == 60.0
+    assert gpu.train_max_seconds == PRESETS["gpu"].train_max_seconds
+
+
+def test_bad_overrides_name_the_field():
+    with pytest.raises(ConfigError, match="regen_max_seconds must be >= 0"):
+        get_preset("gpu", regen_max_seconds=-1.0)
+    with pytest.raises(ConfigError, match="unknown fields.*no_such_field"):
+        get_preset("cpu", no_such_field=1)
+    with pytest.raises(ConfigError, match="--preset"):
+        get_preset("tpu")
+
+
+def test_every_preset_budgets_fit_twenty_minutes():
+    # regenerate -> train must leave room for tokenizing and evaluating inside the 20-minute goal
+    for preset in PRESETS.values():
+        assert preset.regen_max_seconds + preset.train_max_seconds <= 20 * 60 - 180, preset.name
+
+
+@pytest.mark.parametrize("budget", [0.0, 30.0])
+def test_regeneration_order_is_mixed_only_under_a_time_budget(tmp_path, budget):
+    import hashlib
+
+    from eaglewire.recipes.quickstart import QuickstartRun, _conversations
+
+    preset = get_preset("cpu", chitchat_conversations=20, regen_max_seconds=budget)
+    ids = [c.record_id for c in _conversations(QuickstartRun(preset, tmp_path), "train", None)]
+    assert len(ids) == 20 + preset.humaneval_problems
+    if budget:  # a fixed mixed order: a budget that stops early still covers every source
+        assert ids == sorted(ids, key=lambda i: hashlib.sha256(i.encode("utf-8")).hexdigest())
+    else:  # the sources stay grouped, chitchat first
+        assert all(i.startswith("chitchat:") for i in ids[:20])
+        assert all(i.startswith("humaneval:") for i in ids[20:])

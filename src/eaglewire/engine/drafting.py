@@ -43,6 +43,7 @@ from eaglewire.target.runtime.kv_cache import kv_bucket
 
 log = logging.getLogger(__name__)
 
+TOP_K_ROUND = SamplingParams()  # what a graphed round is built with (see Drafter._capture_tree)
 TOPK_CHUNK = 128  # top_k's first pass picks candidates inside chunks of this many entries
 
 
@@ -230,7 +231,7 @@ class Drafter:
         replayed = None
         if not (self.spec.is_chain and not sampling.greedy):
             hidden_shape = tuple(self.last_hidden.shape)
-            replayed = self._capture_tree(hidden_shape, sampling, window)
+            replayed = self._capture_tree(hidden_shape, window)
         if replayed is None:
             return self._draft_rows(self.last_hidden, self.last_logits, sampling, generator, window)
         tokens, parents, depths, scores, ancestors = replayed
@@ -238,10 +239,13 @@ class Drafter:
             tokens, parents, depths, depth_limit=self.spec.num_steps, scores=scores, ancestors=ancestors
         )
 
-    def _capture_tree(
-        self, hidden_shape: tuple[int, ...], sampling: SamplingParams, window: int
-    ) -> tuple[torch.Tensor, ...] | None:
-        """Replay this window's tree graph (capturing it first); None when graphs are off."""
+    def _capture_tree(self, hidden_shape: tuple[int, ...], window: int) -> tuple[torch.Tensor, ...] | None:
+        """Replay this window's tree graph (capturing it first); None when graphs are off.
+
+        Graphed rounds pick deterministic top-k candidates whatever the sampling settings (only
+        sampled chains draw, and those run eagerly), so the round is built with TOP_K_ROUND: one
+        graph per window serves every request, and the compiled round never sees a caller's object."""
+        sampling = TOP_K_ROUND
         assert self.last_hidden is not None and self.last_logits is not None
 
         def make_inputs() -> dict[str, torch.Tensor]:

@@ -110,14 +110,16 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
 def markdown_table(results: dict[str, MethodResult], reference: str | None) -> str:
     """One row per method: tok/s, speedups, tau, per-position acceptance, cycle phases, greedy check."""
     head = (
-        "| method | setting | tok/s | vs plain | vs HF generate | tau | acceptance per position | "
-        "draft / verify / accept / host | greedy == " + (reference or "-") + " |"
+        "| method | setting | tok/s | vs plain | vs HF generate | decode-only tok/s | decode vs plain | "
+        "ms/forward | tau | acceptance per position | draft / verify / accept / host | greedy == "
+        + (reference or "-")
+        + " |"
     )
-    rows = [head, "|" + "---|" * 9]
+    rows = [head, "|" + "---|" * 12]
     for r in results.values():
         setting = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "-"
         if not r.available:
-            rows.append(f"| {r.method} | {setting} | not available: {r.reason} | | | | | | |")
+            rows.append(f"| {r.method} | {setting} | not available: {r.reason} |" + " |" * 9)
             continue
         acc = " ".join(f"{a:.2f}" for a in r.per_position_acceptance) or "-"
         frac = r.cycle_fraction
@@ -130,6 +132,8 @@ def markdown_table(results: dict[str, MethodResult], reference: str | None) -> s
             greedy = "yes" if not r.mismatches else f"NO ({len(r.mismatches)}/{len(r.runs)} prompts differ)"
         rows.append(
             f"| {r.method} | {setting} | {_fmt(r.tokens_per_s, '.1f')} | {_fmt(r.speedup_vs_plain, '.2f', 'x')} | "
-            f"{_fmt(r.speedup_vs_hf_generate, '.2f', 'x')} | {_fmt(r.tau, '.2f')} | {acc} | {phases} | {greedy} |"
+            f"{_fmt(r.speedup_vs_hf_generate, '.2f', 'x')} | {_fmt(r.decode_tokens_per_s, '.1f')} | "
+            f"{_fmt(r.decode_speedup_vs_plain, '.2f', 'x')} | {_fmt(r.decode_ms_per_forward, '.2f')} | "
+            f"{_fmt(r.tau, '.2f')} | {acc} | {phases} | {greedy} |"
         )
     return "\n".join(rows)

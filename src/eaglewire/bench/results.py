@@ -6,6 +6,9 @@ Aggregates over a method's prompts:
   same definition for every method (HF `generate` cannot separate its prefill);
 * tau = sum(tau_i * verifications_i) / sum(verifications_i) (tokens per target verification,
   bonus included), per-position acceptance weighted the same way;
+* decode_tokens_per_s = the same without each prompt's prefill (methods whose runs time their
+  prefill: eaglewire's; None for transformers'), and decode_ms_per_forward = decode seconds per
+  target forward (a verification round, or a plain decoding step);
 * phases: seconds summed over prompts from each prompt's last timed run; `host` is that run's
   wall time minus the engine's timed phases (prefill, draft, verify, accept); `cycle_fraction`
   is each of draft / verify / accept / host over their sum (one speculative cycle, prefill excluded).
@@ -106,10 +109,32 @@ class MethodResult:
     mismatches: list[Mismatch] | None = None  # None: not compared
     speedup_vs_plain: float | None = None
     speedup_vs_hf_generate: float | None = None
+    decode_speedup_vs_plain: float | None = None
 
     @property
     def new_tokens(self) -> int:
         return sum(r.new_tokens for r in self.runs)
+
+    @property
+    def decode_seconds(self) -> float | None:
+        """Seconds without the prefill, summed over prompts; None unless every run timed its prefill."""
+        if not self.runs or not all("prefill" in r.phase_seconds for r in self.runs):
+            return None
+        return sum(max(r.seconds - r.phase_seconds["prefill"], 0.0) for r in self.runs)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Generated tokens per second of decoding alone (the prefill's first token included)."""
+        dec = self.decode_seconds
+        return self.new_tokens / dec if dec else None
+
+    @property
+    def decode_ms_per_forward(self) -> float | None:
+        """Decode milliseconds per target forward: per verification round (speculative), or per
+        decoding step (plain; a prompt's first token comes from its prefill)."""
+        dec = self.decode_seconds
+        forwards = self.num_verifications or self.new_tokens - len(self.runs)
+        return dec * 1e3 / forwards if dec and forwards > 0 else None
 
     @property
     def seconds(self) -> float:
@@ -180,6 +205,9 @@ class MethodResult:
             "tokens_per_s": self.tokens_per_s,
             "speedup_vs_plain": self.speedup_vs_plain,
             "speedup_vs_hf_generate": self.speedup_vs_hf_generate,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "decode_speedup_vs_plain": self.decode_speedup_vs_plain,
+            "decode_ms_per_forward": self.decode_ms_per_forward,
             "tau": self.tau,
             "num_verifications": self.num_verifications,
             "per_position_acceptance": self.per_position_acceptance,
@@ -205,5 +233,8 @@ def fill_comparisons(results: dict[str, MethodResult], reference: str | None) ->
             continue
         r.speedup_vs_plain = r.tokens_per_s / plain if plain else None
         r.speedup_vs_hf_generate = r.tokens_per_s / hf if hf else None
+        plain_decode = results["plain"].decode_tokens_per_s if tps("plain") is not None else None
+        mine = r.decode_tokens_per_s
+        r.decode_speedup_vs_plain = mine / plain_decode if mine and plain_decode else None
         if ref is not None and ref.available and r is not ref:
             r.mismatches = compare_outputs(r.runs, ref.runs)

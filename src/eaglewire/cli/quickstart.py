@@ -43,12 +43,13 @@ def show_summary(summary: dict[str, Any]) -> None:
                     _fmt(r["tokens_per_s"], ".1f"),
                     _fmt(r["tau"]),
                     _fmt(r["speedup_vs_plain"]),
+                    _fmt(r.get("decode_speedup_vs_plain")),
                     "-" if same is None else ("yes" if same else "NO"),
                 ]
             )
     print_table(
         "quickstart: held-out decoding (greedy)",
-        ["prompts", "method", "tok/s", "tau", "speedup", "same text"],
+        ["prompts", "method", "tok/s", "tau", "speedup", "decode-only speedup", "same text"],
         rows,
     )
     print_table(

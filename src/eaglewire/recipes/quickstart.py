@@ -246,6 +246,8 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
                 "tokens_per_s": r.tokens_per_s,
                 "tau": r.tau,
                 "speedup_vs_plain": r.speedup_vs_plain,
+                "decode_tokens_per_s": r.decode_tokens_per_s,
+                "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
                 "identical_to_plain": None if r.mismatches is None else not r.mismatches,
                 "per_position_acceptance": r.per_position_acceptance,
             }

@@ -70,8 +70,17 @@ def test_markdown_table(report) -> None:  # type: ignore[no-untyped-def]
     md = report.markdown()
     table = md.split("\n\n")[2]  # title, run line, the method table, notes...
     lines = table.splitlines()
-    assert lines[0].startswith("| method | setting | tok/s | vs plain | vs HF generate | tau |")
+    assert lines[0].startswith(
+        "| method | setting | tok/s | vs plain | vs HF generate | decode-only tok/s | decode vs plain | "
+        "ms/forward | tau |"
+    )
     assert [line.split("|")[1].strip() for line in lines[2:]] == list(METHODS)
+    assert {line.count("|") for line in lines} == {lines[0].count("|")}  # every row has every column
+    # eaglewire's methods time their prefill, so the decode-only columns are filled for them
+    plain_row = next(line for line in lines if line.startswith("| plain |")).split("|")
+    assert plain_row[6].strip() != "-" and plain_row[7].strip() == "1.00x" and plain_row[8].strip() != "-"
+    hf_row = next(line for line in lines if line.startswith("| hf-generate |")).split("|")
+    assert hf_row[6].strip() == "-"  # transformers' generate cannot separate its prefill
     assert "| plain | batch_size=1 |" in md and "(reference)" in md
     assert "not available: needs a CUDA/XPU device" in md
     assert "Offline predicted vs measured tau" in md and "Command: `test`" in md

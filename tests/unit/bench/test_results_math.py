@@ -83,3 +83,31 @@ def test_speedups_and_mismatches() -> None:
     assert set(data["methods"]) == set(results)
     assert data["methods"]["eagle-tree"]["greedy_mismatches"][0]["position"] == 1
     assert "differs from `plain` on b at generated token 1" in report.markdown()
+
+
+def test_decode_only_figures_leave_out_the_prefill() -> None:
+    plain = MethodResult(
+        "plain",
+        True,
+        runs=[
+            run("a", [1] * 11, 1.2, phase_seconds={"prefill": 0.2, "decode": 1.0}),
+            run("b", [1] * 21, 2.3, phase_seconds={"prefill": 0.3, "decode": 2.0}),
+        ],
+    )
+    spec = MethodResult(
+        "eagle-chain",
+        True,
+        runs=[
+            run("a", [1] * 11, 0.5, num_verifications=4, tau=2.75, phase_seconds={"prefill": 0.2}),
+            run("b", [1] * 21, 0.8, num_verifications=6, tau=3.5, phase_seconds={"prefill": 0.3}),
+        ],
+    )
+    hf = MethodResult("hf-generate", True, runs=[run("a", [1] * 11, 4.0), run("b", [1] * 21, 6.0)])
+    results = {"plain": plain, "eagle-chain": spec, "hf-generate": hf}
+    fill_comparisons(results, "plain")
+    assert plain.decode_seconds == pytest.approx(3.0)
+    assert plain.decode_tokens_per_s == pytest.approx(32 / 3.0)
+    assert plain.decode_ms_per_forward == pytest.approx(3000 / 30)  # 32 tokens, 2 from the prefills
+    assert spec.decode_ms_per_forward == pytest.approx(800 / 10)  # per verification round
+    assert spec.decode_speedup_vs_plain == pytest.approx((32 / 0.8) / (32 / 3.0))
+    assert hf.decode_tokens_per_s is None and hf.decode_speedup_vs_plain is None

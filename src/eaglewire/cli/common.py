@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -57,7 +58,10 @@ def print_json(obj: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(title=title, title_justify="left")
+    # no vertical rules: a summary of 7 columns still fits an 80-column terminal untruncated
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
+    )
     for c in columns:
         table.add_column(c)
     for r in rows:

@@ -49,7 +49,7 @@ def show_summary(summary: dict[str, Any]) -> None:
             )
     print_table(
         "quickstart: held-out decoding (greedy)",
-        ["prompts", "method", "tok/s", "tau", "speedup", "decode-only speedup", "same text"],
+        ["prompts", "method", "tok/s", "tau", "speedup", "decode only", "same text"],
         rows,
     )
     print_table(

@@ -12,6 +12,11 @@ Two loops on the reference target (SmolLM2-135M-Instruct, bf16):
 For each, the torch profiler sums the CUDA kernel time of a warm run; wall - kernels is time
 the GPU sat idle waiting for the host (Python, launches, synchronisations).
 
+First, the components of one round on a 128-token context, each timed over 20 back-to-back calls
+both on the GPU's timeline (CUDA events) and on the host (time to enqueue): target forwards of 1,
+6 (chain) and 16 (tree) tokens, greedy verification of 6 and 16 nodes, a chain-5 and a 6x4x16
+draft round, and an extend of 3 rows. When the host is slower than the GPU the two agree.
+
     python benchmarks/loop_profile.py --out loop_profile.json          # on a GPU
     python benchmarks/loop_profile.py --tiny                           # CPU check of this script
 """

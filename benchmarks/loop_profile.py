@@ -7,7 +7,9 @@ Two loops on the reference target (SmolLM2-135M-Instruct, bf16):
   (acceptance does not matter here: every round drafts, verifies and commits the same amount);
 * batched plain generation (`generate_plain_with_stats`, what regeneration runs) at several
   batch sizes, every row running to `--new-tokens` (no eos), first call (captures graphs) and
-  second call (warm).
+  second call (warm);
+* regeneration-like generation: real chat prompts answered until eos, batch by batch against
+  continuous batching (`eaglewire.engine.continuous`), tokens/s and whether the tokens agree.
 
 For each, the torch profiler sums the CUDA kernel time of a warm run; wall - kernels is time
 the GPU sat idle waiting for the host (Python, launches, synchronisations).
@@ -244,6 +246,57 @@ def plain_batch_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dic
     return rows
 
 
+def regeneration_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Regeneration-like generation: real chat prompts (first chitchat user turns, the chat template),
+    answers ending at eos or `--regen-new-tokens`, batch by batch vs continuous batching, same runner.
+    Greedy, so both produce the same tokens; each is run twice and the second (warm) run is timed."""
+    from eaglewire.data.builtin import load_builtin
+
+    tok = target.tokenizer
+    convs = load_builtin("chitchat", "train")[: args.regen_prompts]
+    prompts = []
+    for c in convs:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": c.messages[0].content}], tokenize=False, add_generation_prompt=True
+        )
+        prompts.append([int(t) for t in tok(text, add_special_tokens=False)["input_ids"]][:512])
+    runner = make_runner_batched(target, args.regen_rows, 512 + args.regen_new_tokens)
+    rows, outputs = [], {}
+    for continuous in (False, True):
+        results: list[Any] = []
+
+        def run(continuous: bool = continuous, results: list[Any] = results) -> None:
+            results.append(
+                generate_plain_with_stats(
+                    runner,
+                    prompts,
+                    args.regen_new_tokens,
+                    max_batch_size=args.regen_rows,
+                    continuous=continuous,
+                )
+            )
+
+        timed_wall(run, target.device)
+        warm = timed_wall(run, target.device)
+        r = results[-1]
+        outputs[continuous] = r.tokens
+        rows.append(
+            {
+                "loop": f"regeneration b={args.regen_rows}",
+                "setting": "continuous" if continuous else "batch by batch",
+                "rounds": r.forwards,
+                "seconds": warm / 1e3,
+                "new_tokens": r.new_tokens,
+                "tokens_per_s_warm": r.new_tokens / (warm / 1e3),
+                "wall_ms_per_round": warm / max(r.forwards, 1),
+                "kernel_ms_per_round": float("nan"),
+                "idle_ms_per_round": float("nan"),
+            }
+        )
+    rows[-1]["same_tokens_as_batched"] = outputs[True] == outputs[False]
+    return rows
+
+
 def make_runner_batched(target: LoadedTarget, batch: int, max_seq_len: int) -> Any:
     from eaglewire.target.runtime.factory import make_target_runner
 
@@ -258,6 +311,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    ap.add_argument("--regen-prompts", type=int, default=1024, help="regeneration rows: chat prompts")
+    ap.add_argument("--regen-rows", type=int, default=256, help="regeneration rows: runner batch")
+    ap.add_argument("--regen-new-tokens", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.tiny:
@@ -265,10 +321,11 @@ def main() -> None:
 
         target = make_tiny_target("llama")
         args.vd, args.prompt_len, args.new_tokens, args.batches = 64, 16, 8, [4]
+        args.regen_prompts, args.regen_rows, args.regen_new_tokens = 12, 4, 8
     else:
         target = load_target(args.target, dtype="bfloat16", device="cuda")
     components = component_rows(target, args)
-    rows = speculative_rows(target, args) + plain_batch_rows(target, args)
+    rows = speculative_rows(target, args) + plain_batch_rows(target, args) + regeneration_rows(target, args)
     if args.out:
         args.out.write_text(json.dumps(rows + components, indent=1))
     for r in components:
@@ -286,6 +343,8 @@ def main() -> None:
             f"{r['loop']:<22} {r['setting']:<34} {r['rounds']:>6} {r['wall_ms_per_round']:>8.3f} "
             f"{r['kernel_ms_per_round']:>9.3f} {r['idle_ms_per_round']:>8.3f}"
             + (f"  {r['tokens_per_s_warm']:.0f} tok/s (cold {r['cold_s']:.1f}s)" if "cold_s" in r else "")
+            + (f"  {r['tokens_per_s_warm']:.0f} tok/s" if r["loop"].startswith("regeneration") else "")
+            + (f"  same tokens: {r['same_tokens_as_batched']}" if "same_tokens_as_batched" in r else "")
         )
 
 

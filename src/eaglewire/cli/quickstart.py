@@ -77,6 +77,11 @@ def quickstart(
     train_max_seconds: float = typer.Option(
         None, "--train-max-seconds", help="override: training time budget in seconds (0 = epochs decide)"
     ),
+    regen_continuous: bool = typer.Option(
+        None,
+        "--regen-continuous/--regen-batched",
+        help="override: refill generation rows as answers finish (continuous batching) or run batches to their end",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
@@ -92,6 +97,7 @@ def quickstart(
         epochs=epochs,
         regen_max_seconds=regen_max_seconds,
         train_max_seconds=train_max_seconds,
+        regen_continuous=regen_continuous,
     )
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")

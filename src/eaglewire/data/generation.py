@@ -101,8 +101,9 @@ def hf_generate(
     return [row.tolist() for row in out[:, width:].cpu()]
 
 
-def pick_generate_fn() -> GenerateFn:
-    """The engine's batched plain generation when it exists, else transformers' generate."""
+def pick_generate_fn(*, continuous: bool = False) -> GenerateFn:
+    """The engine's batched plain generation when it exists, else transformers' generate.
+    continuous: the engine refills rows as answers finish instead of running each batch to its end."""
     try:
         module = importlib.import_module("eaglewire.engine.plain")
     except ModuleNotFoundError as e:
@@ -111,7 +112,7 @@ def pick_generate_fn() -> GenerateFn:
         return hf_generate
     reused = getattr(module, "ReusedRunnerGenerate", None)
     if reused is not None:
-        return reused()  # one runner for the whole regeneration, not one per batch
+        return reused(continuous=continuous)  # one runner for the whole regeneration, not one per batch
     fn = getattr(module, "generate_plain", None)
     return fn if fn is not None else hf_generate
 

@@ -243,6 +243,7 @@ def generate_plain_with_stats(
     max_batch_size: int = DEFAULT_MAX_BATCH,
     check_every: int = 16,
     pad_rows: bool | None = None,
+    continuous: bool = False,
 ) -> PlainResult:
     """Decode every prompt (token ids) up to `max_new_tokens` new tokens or an eos.
 
@@ -251,7 +252,9 @@ def generate_plain_with_stats(
     eos_token_ids: None = the runner's/target's own eos ids; () = never stop early.
     Prompts are batched longest first, `max_batch_size` (or the runner's) at a time.
     pad_rows: run each batch padded to `padded_rows` rows (None = when the runner uses CUDA graphs);
-    padding changes no real row's tokens. The result's counts cover the real prompts only."""
+    padding changes no real row's tokens. The result's counts cover the real prompts only.
+    continuous: refill rows as they finish (`eaglewire.engine.continuous`) instead of running
+    batches to their last row, where the runner supports it (greedy tokens are the same)."""
     if not prompts:
         return PlainResult([], 0, 0, 0.0, 0.0, 0)
     if any(len(p) == 0 for p in prompts):
@@ -274,6 +277,35 @@ def generate_plain_with_stats(
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     per_batch = min(max_batch_size, runner.max_batch_size)
     pad = bool(getattr(runner, "use_graphs", False)) if pad_rows is None else pad_rows
+    if continuous:
+        from eaglewire.engine.continuous import generate_continuous, supports_continuous
+
+        if supports_continuous(runner) and longest <= PREFILL_TOKEN_BUDGET:
+            rows = min(per_batch, len(prompts))
+            result = generate_continuous(
+                runner,
+                prompts,
+                max_new_tokens,
+                temperature,
+                top_p,
+                generator,
+                eos,
+                rows=padded_rows(rows, runner.max_batch_size) if pad else rows,
+                # a finished row idles until the next check: keep that short against the answers
+                check_every=min(check_every, max(1, max_new_tokens // 8)),
+            )
+            log.info(
+                "plain decoding (continuous, %d rows): %d prompts, %d new tokens, prefill %.3fs, decode %.3fs",
+                rows,
+                len(prompts),
+                result.new_tokens,
+                result.prefill_seconds,
+                result.decode_seconds,
+            )
+            return result
+        log.info(
+            "plain decoding: continuous batching needs a runner with row-subset prefill; batching instead"
+        )
     results: list[list[int]] = [[] for _ in prompts]
     prefill_s = decode_s = 0.0
     forwards = 0
@@ -317,6 +349,7 @@ def generate_plain(
     *,
     max_batch_size: int = DEFAULT_MAX_BATCH,
     pad_rows: bool | None = None,
+    continuous: bool = False,
 ) -> list[list[int]]:
     """As generate_plain_with_stats, returning the generated token ids per prompt only."""
     return generate_plain_with_stats(
@@ -329,6 +362,7 @@ def generate_plain(
         eos_token_ids,
         max_batch_size=max_batch_size,
         pad_rows=pad_rows,
+        continuous=continuous,
     ).tokens
 
 
@@ -342,8 +376,9 @@ class ReusedRunnerGenerate:
     that knows its largest batch and sequence up front calls `reserve` first, so the runner is built
     once, at that size, by the first call (a rebuild recompiles and recaptures everything)."""
 
-    def __init__(self, max_batch_size: int = DEFAULT_MAX_BATCH) -> None:
+    def __init__(self, max_batch_size: int = DEFAULT_MAX_BATCH, *, continuous: bool = False) -> None:
         self.max_batch_size = max_batch_size
+        self.continuous = continuous  # refill finished rows (`eaglewire.engine.continuous`)
         self.runner: Any = None
         self.reserved_rows = 0
         self.reserved_seq_len = 0
@@ -396,4 +431,5 @@ class ReusedRunnerGenerate:
             seed,
             eos_token_ids,
             max_batch_size=self.max_batch_size,
+            continuous=self.continuous,
         )

@@ -54,6 +54,11 @@ class QuickstartPreset:
         "prompt sets on which the transformers baselines (generate, prompt lookup, static-cache compiled) are also timed (they are slow)"
     )
     timing_repeats: int = help_field("timed runs per prompt and method (median reported)")
+    regen_continuous: bool = help_field(
+        "refill generation rows as answers finish (continuous batching) instead of running each batch to "
+        "its longest answer; same greedy answers",
+        default=False,  # not yet measured on a GPU against batches
+    )
 
     def __post_init__(self) -> None:
         for name in ("train_max_seconds", "regen_max_seconds"):

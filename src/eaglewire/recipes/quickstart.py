@@ -104,7 +104,7 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
     """Regenerate answers with the target (train and held-out eval), tokenize, choose the draft vocab."""
     from eaglewire.data.build import build_dataset
     from eaglewire.data.formats import read_conversations
-    from eaglewire.data.generation import SamplingConfig
+    from eaglewire.data.generation import SamplingConfig, pick_generate_fn
     from eaglewire.data.regenerate import regenerate
     from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
 
@@ -127,7 +127,13 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
             max_prompt = p.max_length - p.regen_max_new_tokens
             budget = p.regen_max_seconds if split == "train" else 0.0
             regen_tps = regenerate(
-                loaded, convs, jsonl, sampling, max_prompt_tokens=max_prompt, max_seconds=budget
+                loaded,
+                convs,
+                jsonl,
+                sampling,
+                max_prompt_tokens=max_prompt,
+                max_seconds=budget,
+                generate_fn=pick_generate_fn(continuous=p.regen_continuous),
             ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)

@@ -151,6 +151,33 @@ class StaticKVCache:
         else:
             self._upper = self._upper + bound
 
+    def reset_rows(self, rows: list[int]) -> None:
+        """Empty some rows (the others keep their tokens): continuous batching reuses a finished row."""
+        self._check_rows(rows)
+        idx = torch.tensor(rows, dtype=torch.long)
+        self._lengths[idx.to(self.device)] = 0
+        self._upper[idx] = 0
+
+    def advance_rows(self, rows: list[int], counts: list[int]) -> None:
+        """lengths[rows] += counts: keep the first counts[i] tokens a row-subset prefill wrote."""
+        self._check_rows(rows)
+        idx = torch.tensor(rows, dtype=torch.long)
+        add = torch.tensor(counts, dtype=torch.long)
+        self._lengths[idx.to(self.device)] += add.to(self.device)
+        self._upper[idx] += add
+
+    def rows_empty(self, rows: list[int]) -> bool:
+        """True when every row in `rows` is certainly empty (known on the host)."""
+        return bool((self._upper[torch.tensor(rows, dtype=torch.long)] == 0).all())
+
+    def _check_rows(self, rows: list[int]) -> None:
+        bad = [r for r in rows if not 0 <= r < self.batch_size]
+        if bad or len(set(rows)) != len(rows):
+            raise ConfigError(
+                expected_actual("rows", f"distinct rows in 0..{self.batch_size - 1}", rows),
+                fix="pass rows of the current batch (reset(batch_size) sets it)",
+            )
+
     def note_forward(self, num_new: int) -> None:
         """Remember the last forward's width (bounds a device-side commit_prefix)."""
         self._last_num_new = num_new

@@ -205,6 +205,41 @@ class FastTargetRunner:
         copy. CPU counts keep the host's length bound exact."""
         self.cache.commit_prefix(num_accepted)
 
+    # -- row subsets (continuous batching) ------------------------------------------------------
+    def reset_rows(self, rows: list[int]) -> None:
+        """Empty some rows of the current batch; the others keep their tokens."""
+        self.cache.reset_rows(rows)
+
+    @torch.no_grad()
+    def prefill_rows(
+        self, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor, logits_at: torch.Tensor
+    ) -> TargetForward:
+        """Prefill empty `rows` (k of them) with input_ids, positions [k, N] (right-padded) while the
+        other rows keep their state; returns logits [k, 1, V] at `logits_at` [k] and aux [k, N, A*Ht].
+        Attention stays among each row's new tokens (causal); nothing is committed (`commit_rows`)."""
+        if not self.cache.rows_empty(rows):
+            raise ConfigError(
+                f"prefill_rows: rows {rows} are not all empty", fix="call reset_rows(rows) first"
+            )
+        k, N = input_ids.shape
+        if positions.shape != (k, N) or logits_at.shape != (k,) or len(rows) != k:
+            raise ConfigError(
+                expected_actual(
+                    "prefill_rows(rows [k], input_ids/positions [k, N], logits_at [k])",
+                    f"k={len(rows)}",
+                    f"{tuple(input_ids.shape)}, {tuple(positions.shape)}, {tuple(logits_at.shape)}",
+                )
+            )
+        self.cache.check_room(N)
+        cache_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
+        zeros = torch.zeros(k, dtype=torch.long, device=self.device)
+        logits, aux = self._run(input_ids, positions, None, zeros, None, logits_at, cache_rows=cache_rows)
+        return TargetForward(logits=logits, aux=aux)
+
+    def commit_rows(self, rows: list[int], counts: list[int]) -> None:
+        """Keep the first counts[i] tokens `prefill_rows` wrote into rows[i]."""
+        self.cache.advance_rows(rows, counts)
+
     def sync_lengths(self) -> torch.Tensor:
         """Read lengths to the host (one sync) and tighten the attended window; returns [B] (CPU)."""
         self.cache.sync_lengths()
@@ -244,8 +279,10 @@ class FastTargetRunner:
         lengths: torch.Tensor,
         kv_positions: torch.Tensor | None,
         logits_at: torch.Tensor | None,
+        cache_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole forward as device work only (graph-capturable)."""
+        """The whole forward as device work only (graph-capturable). cache_rows [B]: the cache rows
+        the batch's rows write to (only for a prefill of empty rows, kv_positions None); default 0..B-1."""
         dev = self.device
         input_ids = input_ids.to(dev, non_blocking=True)
         positions = positions.to(dev, non_blocking=True)
@@ -273,7 +310,11 @@ class FastTargetRunner:
             self.spec.group_size,
             self.dtype,
         )
-        rows = self._rows[:B].expand(B, N)
+        if cache_rows is not None and kv_positions is not None:
+            raise ConfigError(
+                "cache_rows: only a prefill of empty rows (no attended cache) can pick its rows"
+            )
+        rows = (self._rows[:B] if cache_rows is None else cache_rows[:, None]).expand(B, N)
         if compiled and self.compiled:
             _mark_dynamic(B, N, h=h, delta=delta, cos=cos, sin=sin, rows=rows, slots=slots, mask=mask)
         wanted = set(self.aux_boundaries)

@@ -96,3 +96,16 @@ def test_regeneration_with_continuous_batching_writes_the_same_answers(tmp_path)
         answers[continuous] = [json.loads(line)["messages"] for line in out.read_text().splitlines()]
     assert answers[True] == answers[False]
     assert all(len(m) == 4 for m in answers[True])  # both user turns answered
+
+
+def test_refill_beside_a_long_row_needs_room_for_its_own_tokens_only(target) -> None:  # type: ignore[no-untyped-def]
+    runner = make_target_runner(target, (), max_batch_size=2, max_seq_len=64)
+    runner.reset(2)
+    long = torch.randint(3, 300, (1, 60))
+    runner.prefill_rows([0], long, torch.arange(60)[None], torch.tensor([59]))
+    runner.commit_rows([0], [60])
+    short = torch.randint(3, 300, (1, 30))
+    out = runner.prefill_rows([1], short, torch.arange(30)[None], torch.tensor([29]))  # 60 + 30 > 64: fine
+    assert out.logits.shape[:2] == (1, 1)
+    with pytest.raises(ConfigError, match="do not fit"):
+        runner.prefill_rows([1], torch.randint(3, 300, (1, 65)), torch.arange(65)[None], torch.tensor([64]))

@@ -230,7 +230,12 @@ class FastTargetRunner:
                     f"{tuple(input_ids.shape)}, {tuple(positions.shape)}, {tuple(logits_at.shape)}",
                 )
             )
-        self.cache.check_room(N)
+        if self.cache.capacity < N:  # the rows are empty: only the new tokens need room
+            raise ConfigError(
+                f"prefill_rows: {N} tokens do not fit max_seq_len={self.max_seq_len} "
+                f"(capacity {self.cache.capacity} slots)",
+                fix="build the runner with a larger max_seq_len",
+            )
         cache_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
         zeros = torch.zeros(k, dtype=torch.long, device=self.device)
         logits, aux = self._run(input_ids, positions, None, zeros, None, logits_at, cache_rows=cache_rows)

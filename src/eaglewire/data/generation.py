@@ -1,15 +1,14 @@
 """Batched plain generation for regeneration and Magpie prompts: one function picks the backend.
 
-`pick_generate_fn` returns the engine's `generate_plain` when it exists, else transformers'
-`generate` with left padding. Both have the signature of `GenerateFn`; switching backends is
-the one line in `pick_generate_fn`. A backend may also have `reserve(max_batch_size, max_seq_len)`
+`pick_generate_fn` returns the engine's batched plain generation over one reused runner;
+`hf_generate` is transformers' `generate` with left padding. Both have the signature of
+`GenerateFn` (called positionally); switching backends is the one line in `pick_generate_fn`. A backend may also have `reserve(max_batch_size, max_seq_len)`
 (the engine's `ReusedRunnerGenerate` does): callers that know their largest batch and prompt +
 new tokens call it first, so the backend sizes its runner once instead of rebuilding it as calls grow.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ class GenerateFn(Protocol):
         top_p: float,
         seed: int,
         eos_token_ids: list[int],
+        /,
     ) -> list[list[int]]: ...
 
 
@@ -102,19 +102,12 @@ def hf_generate(
 
 
 def pick_generate_fn(*, continuous: bool = False) -> GenerateFn:
-    """The engine's batched plain generation when it exists, else transformers' generate.
-    continuous: the engine refills rows as answers finish instead of running each batch to its end."""
-    try:
-        module = importlib.import_module("eaglewire.engine.plain")
-    except ModuleNotFoundError as e:
-        if e.name not in ("eaglewire.engine.plain", "eaglewire.engine"):
-            raise
-        return hf_generate
-    reused = getattr(module, "ReusedRunnerGenerate", None)
-    if reused is not None:
-        return reused(continuous=continuous)  # one runner for the whole regeneration, not one per batch
-    fn = getattr(module, "generate_plain", None)
-    return fn if fn is not None else hf_generate
+    """The engine's batched plain generation over one runner kept for every call (`hf_generate`,
+    transformers' generate, has the same signature). continuous: the engine refills rows as answers
+    finish instead of running each batch to its end."""
+    from eaglewire.engine.reused_runner import ReusedRunnerGenerate
+
+    return ReusedRunnerGenerate(continuous=continuous)
 
 
 def eos_ids(target: LoadedTarget) -> list[int]:

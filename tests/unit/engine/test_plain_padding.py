@@ -15,10 +15,10 @@ from eaglewire.data.magpie import generate_magpie_prompts
 from eaglewire.data.regenerate import regenerate
 from eaglewire.engine.plain import (
     GRAPH_ROW_STEP,
-    ReusedRunnerGenerate,
     generate_plain_with_stats,
     padded_rows,
 )
+from eaglewire.engine.reused_runner import ReusedRunnerGenerate
 from eaglewire.errors import ConfigError
 from eaglewire.target.runtime.factory import make_target_runner
 from tests.helpers.tiny import make_tiny_target

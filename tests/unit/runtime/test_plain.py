@@ -92,7 +92,7 @@ def test_length_buckets_keep_outliers_apart():
 
 
 def test_reused_runner_is_kept_until_a_call_needs_more() -> None:
-    from eaglewire.engine.plain import ReusedRunnerGenerate
+    from eaglewire.engine.reused_runner import ReusedRunnerGenerate
 
     target = tiny("llama")
     prompts = _prompts()

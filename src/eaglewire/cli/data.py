@@ -64,6 +64,12 @@ def regenerate_cmd(
     max_seconds: float = typer.Option(
         0.0, "--max-seconds", help="start no new batch after this long (0 = no budget); rerun to resume"
     ),
+    continuous: bool = typer.Option(
+        False,
+        "--continuous/--batched",
+        help="refill generation rows as answers finish (continuous batching) instead of running each batch "
+        "to its longest answer",
+    ),
 ) -> None:
     """The target answers every user turn (EAGLE-3's self-distillation); output is JSONL again."""
     from dataclasses import replace
@@ -71,7 +77,7 @@ def regenerate_cmd(
     from eaglewire.data.build import load_source
     from eaglewire.data.builtin import builtin_name, parse_split, select_split
     from eaglewire.data.formats import ReadStats
-    from eaglewire.data.generation import SamplingConfig
+    from eaglewire.data.generation import SamplingConfig, pick_generate_fn
     from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, cached_magpie_prompts
     from eaglewire.data.regenerate import regenerate
     from eaglewire.target.loading import load_target
@@ -104,6 +110,7 @@ def regenerate_cmd(
         max_prompt_tokens=max_prompt_tokens,
         show_progress=progress,
         max_seconds=max_seconds,
+        generate_fn=pick_generate_fn(continuous=continuous),
     )
     print_table(
         f"regenerated into {out}",

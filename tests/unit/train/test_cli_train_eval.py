@@ -90,29 +90,37 @@ def test_train_offline_then_eval(disk, tmp_path):
     assert res.exit_code == 0, (res.output, res.exception)
     assert json.loads(res.stdout[res.stdout.index("{") :])["optimizer_steps"] == 3
 
-    res = run(
-        [
-            "eval",
-            "--draft",
-            str(tmp_path / "run" / "draft"),
-            "--target",
-            str(disk / "target"),
-            "--data",
-            str(disk / "shards"),
-            "--num-steps",
-            "2",
-            "--tree",
-            "2x2",
-            "--json",
-            "--max-records",
-            "6",
-        ]
-    )
+    args = [
+        "eval",
+        "--draft",
+        str(tmp_path / "run" / "draft"),
+        "--target",
+        str(disk / "target"),
+        "--data",
+        str(disk / "shards"),
+        "--num-steps",
+        "2",
+        "--tree",
+        "2x2",
+        "--json",
+        "--max-records",
+        "6",
+    ]
+    res = run(args)
     assert res.exit_code == 0, (res.output, res.exception)
     ev = json.loads(res.stdout[res.stdout.index("{") :])
     assert ev["records"] == 6 and len(ev["acc"]) == 2
     assert set(ev["tau_pred_chain"]) == {"1", "2"}
     assert 1.0 <= ev["tau_pred_chain"]["1"] <= ev["tau_pred_chain"]["2"] <= ev["tau_pred_tree"] <= 3.0
+    assert ev["horizon"] is None
+    # --horizon replays only the first N tokens of each response (a decoder's max_new_tokens)
+    short = run([*args, "--horizon", "3"])
+    assert short.exit_code == 0, (short.output, short.exception)
+    ev3 = json.loads(short.stdout[short.stdout.index("{") :])
+    assert ev3["horizon"] == 3 and ev3["acc"] == ev["acc"]  # the accuracies do not depend on it
+    assert ev3["replay_rounds"] < ev["replay_rounds"]
+    bad = run([*args, "--horizon", "-1"])
+    assert bad.exit_code != 0 and "--horizon" in bad.output
 
 
 def test_train_online_from_a_tokenized_dataset(disk, tmp_path):

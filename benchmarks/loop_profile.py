@@ -310,7 +310,7 @@ def main() -> None:
     ap.add_argument("--vd", type=int, default=16384)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[256])
     ap.add_argument("--regen-prompts", type=int, default=1024, help="regeneration rows: chat prompts")
     ap.add_argument("--regen-rows", type=int, default=256, help="regeneration rows: runner batch")
     ap.add_argument("--regen-new-tokens", type=int, default=256)

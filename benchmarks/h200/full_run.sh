@@ -166,7 +166,7 @@ do_loop_profile() { # wall vs kernel time per decoding step: speculative rounds,
   [ -f "$out" ] && { say "loop profile results exist: $out"; return 0; }
   local tiny=()
   [ "$TINY" = 1 ] && tiny=(--tiny)
-  timeout "${LOOP_PROFILE_TIMEOUT_S:-240}" "$PY" benchmarks/loop_profile.py "${tiny[@]}" --out "$out" 2>&1 \
+  timeout "${LOOP_PROFILE_TIMEOUT_S:-420}" "$PY" benchmarks/loop_profile.py "${tiny[@]}" --out "$out" 2>&1 \
     | grep -v USDT | tail -n 20 | tee "$results/loop_profile.txt"
   return "${PIPESTATUS[0]}"
 }

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from eaglewire.engine.plain import PREFILL_TOKEN_BUDGET, PlainResult, sample_next
+from eaglewire.engine.plain import PREFILL_TOKEN_BUDGET, PlainResult, right_padded, sample_next
 
 REFILL_FRACTION = 0.25  # refill once this share of the rows is free (each refill is a prefill forward)
 
@@ -86,15 +86,11 @@ def generate_continuous(
             return
         runner.reset_rows(slots)
         for group_slots, group in _prefill_groups(slots, [list(prompts[i]) for i in take]):
-            k, T = len(group), max(len(p) for p in group)
-            ids = torch.zeros(k, T, dtype=torch.long)
-            for j, p in enumerate(group):
-                ids[j, : len(p)] = torch.tensor(p, dtype=torch.long)
-            lens = [len(p) for p in group]
-            at = torch.tensor(lens, device=dev) - 1
+            ids, lens = right_padded(group)
+            k, T = ids.shape
             pos = torch.arange(T, device=dev).expand(k, T)
-            fwd = runner.prefill_rows(group_slots, ids.to(dev), pos, at)
-            runner.commit_rows(group_slots, lens)
+            fwd = runner.prefill_rows(group_slots, ids.to(dev), pos, (lens - 1).to(dev))
+            runner.commit_rows(group_slots, lens.tolist())
             first = sample_next(fwd.logits[:, 0], temperature, top_p, generator)  # [k]
             where = torch.tensor(group_slots, device=dev)
             tok[where] = first

@@ -113,15 +113,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def right_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """prompts -> (ids [B, T] right-padded with 0, lengths [B]) on the host; T = the longest."""
+    lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    ids = torch.zeros(len(prompts), int(lens.max()), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return ids, lens
+
+
 def _prefill(runner: Any, prompts: list[list[int]], budget: int) -> torch.Tensor:
     """Prefill right-padded prompts; returns each row's logits at its last prompt token [B, V]."""
     dev = runner.device
-    B = len(prompts)
-    lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    T = int(lens.max())
-    ids = torch.zeros(B, T, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    ids, lens = right_padded(prompts)
+    B, T = ids.shape
     width = T if budget >= B * T else max(16, budget // B)
     last: torch.Tensor | None = None
     for c0 in range(0, T, width):

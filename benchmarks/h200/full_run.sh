@@ -23,6 +23,7 @@
 #   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
 #   loop_profile benchmarks/loop_profile.py: a round's components, and wall vs GPU kernel time per decoding step
+#   train_profile benchmarks/train_profile.py: a training step's phases and kernels (not in the default STEPS)
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
@@ -171,6 +172,16 @@ do_loop_profile() { # wall vs kernel time per decoding step: speculative rounds,
   return "${PIPESTATUS[0]}"
 }
 
+do_train_profile() { # where a training step's time goes (target side, forward, backward, update)
+  local out="$results/train_profile.json"
+  [ -f "$out" ] && { say "train profile results exist: $out"; return 0; }
+  local tiny=()
+  [ "$TINY" = 1 ] && tiny=(--tiny)
+  timeout "${TRAIN_PROFILE_TIMEOUT_S:-300}" "$PY" benchmarks/train_profile.py "${tiny[@]}" --out "$out" 2>&1 \
+    | grep -v USDT | tail -n 40 | tee "$results/train_profile.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA)
   timeout "${GPU_TESTS_TIMEOUT_S:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -n 15 \
     | tee "$results/gpu_tests.txt"
@@ -213,7 +224,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # measurements it already has).
 for name in ${STEPS:-gpu_tests loop_profile quickstart capture sweep export draft_speed}; do
   case "$name" in
-    draft_speed | capture | loop_profile | quickstart | sweep | export | gpu_tests) step "$name" "do_$name" ;;
+    draft_speed | capture | loop_profile | train_profile | quickstart | sweep | export | gpu_tests) step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac
 done

@@ -1,0 +1,207 @@
+"""Where a training step's time goes: the target side, the draft's forward and backward, the update.
+
+Online training as the GPU quickstart runs it (reference target, bf16, draft vocab 16384, 7 TTT
+steps, 16 rows of 1024 tokens), on chitchat train conversations with their own answers (speed does
+not depend on whose answers they are). For each setting it reports, over `--steps` steps after
+`--warmup`:
+
+* phases of a step, each ended by a device sync: `prepare` (records -> the target's forward(s),
+  its distribution restricted to the draft vocab, aux placed into packed rows), `forward` (the
+  7-step unroll and its losses), `backward`, `update` (clip + AdamW), and the step's wall time
+  through the loop's own `_train_step` (no syncs added);
+* the summed CUDA kernel time of one profiled step against its wall time, and the top kernels and
+  host-side operators.
+
+    python benchmarks/train_profile.py --out train_profile.json     # on a GPU
+    python benchmarks/train_profile.py --tiny                       # CPU check of this script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from eaglewire.data.build import build_dataset
+from eaglewire.data.builtin import load_builtin
+from eaglewire.data.vocab import build_draft_vocab
+from eaglewire.draft.init import init_draft
+from eaglewire.recipes.quickstart import first_user_turns
+from eaglewire.target.identity import build_contract
+from eaglewire.target.loading import LoadedTarget, load_target
+from eaglewire.train.batches import fetch_rows
+from eaglewire.train.config import TrainConfig
+from eaglewire.train.distributed import init_distributed
+from eaglewire.train.loop import Trainer
+from eaglewire.train.objective import batch_step_rows
+from eaglewire.train.target_side import OnlineTarget
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def phase_step(trainer: Trainer, group: list[Any]) -> dict[str, float]:
+    """One optimizer step of one micro-batch, split into phases with a sync after each (ms)."""
+    device = trainer.ctx.device
+    (rows,) = [group]
+    data, side = trainer.data, trainer.target_side
+    inp, prepare_ms = _timed(lambda: side.prepare(rows, fetch_rows(data, rows), device), device)
+    plan = batch_step_rows(inp.batch, trainer.cfg.ttt_steps)
+    w = torch.tensor(trainer.weights, device=device)
+
+    def forward() -> torch.Tensor:
+        with trainer.autocast:
+            out = trainer.model(inp, rows=plan)
+        n = torch.tensor(plan.counts, dtype=torch.float32, device=device).clamp_min(1)
+        return (out.loss_sums.float() * w / n).sum()
+
+    loss, forward_ms = _timed(forward, device)
+    _, backward_ms = _timed(loss.backward, device)
+
+    def update() -> None:
+        torch.nn.utils.clip_grad_norm_(trainer.params, trainer.cfg.max_grad_norm)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+    _, update_ms = _timed(update, device)
+    return {
+        "prepare_ms": prepare_ms,
+        "forward_ms": forward_ms,
+        "backward_ms": backward_ms,
+        "update_ms": update_ms,
+        "tokens": float(inp.batch.num_tokens),
+    }
+
+
+def profile_step(trainer: Trainer, group: list[Any]) -> dict[str, Any]:
+    device = trainer.ctx.device
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        trainer._train_step(group)
+        _sync(device)
+        wall = (time.perf_counter() - t0) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_kernel: dict[str, float] = {}
+    for e in kernels:
+        by_kernel[e.name] = by_kernel.get(e.name, 0.0) + e.device_time / 1e3
+    cpu_ops = sorted(
+        (e for e in prof.key_averages() if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total
+    )
+    return {
+        "profiled_wall_ms": wall,
+        "kernel_ms": sum(by_kernel.values()),
+        "kernel_launches": len(kernels),
+        "top_kernels_ms": [
+            (n[:90], round(ms, 2)) for n, ms in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]
+        ],
+        "top_host_ops_ms": [
+            (e.key[:60], round(e.self_cpu_time_total / 1e3, 2), e.count) for e in cpu_ops[:12]
+        ],
+    }
+
+
+def run_setting(
+    name: str, target: LoadedTarget, ds: Any, d2t: torch.Tensor, config: TrainConfig, args: argparse.Namespace
+) -> dict[str, Any]:
+    ctx = init_distributed(str(target.device))
+    contract = build_contract(target, None, final_norm="pre")
+    draft = init_draft(target, contract, draft_to_target=d2t, seed=0)
+    side = OnlineTarget(target, contract, draft.get_buffer("draft_to_target"))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(
+            config, draft, contract, ds, side, out_dir=Path(tmp), eval_data=None, resume=False, ctx=ctx
+        )
+        groups = trainer.plans[0]
+        need = args.warmup + 2 * args.steps + 1
+        if len(groups) < need:
+            raise SystemExit(f"{name}: {len(groups)} steps of data, need {need}: raise --conversations")
+        device = ctx.device
+        walls, tokens = [], []
+        for i in range(args.warmup + args.steps):
+            (_, _, n), ms = _timed(lambda i=i: trainer._train_step(groups[i]), device)
+            if i >= args.warmup:
+                walls.append(ms)
+                tokens.append(n)
+        phases = [phase_step(trainer, groups[args.warmup + args.steps + i]) for i in range(args.steps)]
+        prof = profile_step(trainer, groups[args.warmup + 2 * args.steps])
+    med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+    step_ms = statistics.median(walls)
+    return {
+        "setting": name,
+        "batch_size": config.batch_size,
+        "ttt_steps": config.ttt_steps,
+        "step_ms": step_ms,
+        "tokens_per_step": statistics.median(tokens),
+        "tokens_per_s": sum(tokens) / (sum(walls) / 1e3),
+        **{k: v for k, v in med.items() if k != "tokens"},
+        **prof,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny random target on CPU (checks the script)")
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--conversations", type=int, default=3000)
+    ap.add_argument("--vd", type=int, default=16384)
+    ap.add_argument("--max-length", type=int, default=1024)
+    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[16, 32])
+    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.tiny:
+        from tests.helpers.tiny import make_tiny_target
+
+        target = make_tiny_target("llama")
+        args.conversations, args.vd, args.max_length, args.batch_sizes = 60, 64, 96, [2]
+        args.ttt_steps, args.warmup, args.steps = 2, 1, 1
+    else:
+        target = load_target(args.target, dtype="bfloat16", device="cuda")
+    convs = [first_user_turns(c, 3) for c in load_builtin("chitchat", "train")[: args.conversations]]
+    ds, _ = build_dataset(convs, target.tokenizer, max_length=args.max_length, show_progress=False)
+    d2t = build_draft_vocab(ds, args.vd, vocab_size=target.vocab_size).draft_to_target
+    rows = []
+    for b in args.batch_sizes:
+        config = TrainConfig(
+            ttt_steps=args.ttt_steps, learning_rate=5e-4, max_length=args.max_length, batch_size=b, epochs=1
+        )
+        rows.append(run_setting(f"b{b} s{args.ttt_steps}", target, ds, d2t, config, args))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        print(f"\n== {r['setting']}: top kernels (ms) / host ops (ms, calls)")
+        for n, ms in r["top_kernels_ms"]:
+            print(f"  {ms:9.2f}  {n}")
+        for n, ms, c in r["top_host_ops_ms"]:
+            print(f"  {ms:9.2f}  {c:6d}  {n}")
+    cols = ["setting", "step_ms", "tokens_per_s", "prepare_ms", "forward_ms", "backward_ms", "update_ms"]
+    cols += ["profiled_wall_ms", "kernel_ms", "kernel_launches"]
+    print("\n" + " | ".join(cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+
+
+if __name__ == "__main__":
+    main()

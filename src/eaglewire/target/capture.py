@@ -19,6 +19,7 @@ from torch import nn
 from eaglewire.contract.contract import FinalState
 from eaglewire.contract.fingerprint import StateKey
 from eaglewire.contract.numbering import all_boundaries
+from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.architectures import target_parts
 
 
@@ -98,7 +99,7 @@ def capture(
     aux_keys = [StateKey(b, "pre") for b in aux_boundaries]
     final_key = StateKey(final.boundary, final.norm)
     keys = list(dict.fromkeys([*aux_keys, final_key]))
-    with hooked_states(model, keys) as store:
+    with hooked_states(model, keys) as store, varying_shape_attention():  # each batch has its own shape
         out = _run(model, input_ids, attention_mask, return_logits)
     aux = torch.cat([store[k] for k in aux_keys], dim=-1)  # [B, T, A*Ht]
     return CapturedStates(aux=aux, final=store[final_key], logits=out.logits if return_logits else None)

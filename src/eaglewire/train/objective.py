@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.train.batches import Batch
 from eaglewire.train.loss import NUM_COUNTS, step_outcome, target_rank
 from eaglewire.train.target_side import TrainInputs
@@ -62,21 +63,22 @@ class TTTObjective(nn.Module):
         B, T = b.input_ids.shape
         # Ranks need every row's logits; otherwise only the rows each step scores get the lm_head.
         steps = ttt_unroll(self.draft, b.input_ids, b.positions, b.doc_ids, inputs.aux, S, logits=with_ranks)
-        for s, out in enumerate(steps):
-            target = inputs.target.shifted(1 + s)  # row t <- the target's distribution at t+1+s
-            if with_ranks:
-                logits, scored = out.logits, None  # [B, T, Vd]
-            else:
-                scored = rows.scored[s]
-                logits = self.draft.compute_logits(out.hidden.reshape(B * T, -1)[scored])  # [M, Vd]
-            res = step_outcome(
-                logits, target, rows.valid[s], chain_ok, kind=self.kind, rows=rows.index[s], scored=scored
-            )
-            losses.append(res.loss_sum)
-            counts.append(res.counts)
-            if with_ranks:
-                ranks.append(target_rank(out.logits.detach(), target))
-            chain_ok = chain_ok & res.correct
+        with varying_shape_attention():  # every batch has its own length: no per-shape cuDNN plans
+            for s, out in enumerate(steps):
+                target = inputs.target.shifted(1 + s)  # row t <- the target's distribution at t+1+s
+                if with_ranks:
+                    logits, scored = out.logits, None  # [B, T, Vd]
+                else:
+                    scored = rows.scored[s]
+                    logits = self.draft.compute_logits(out.hidden.reshape(B * T, -1)[scored])  # [M, Vd]
+                res = step_outcome(
+                    logits, target, rows.valid[s], chain_ok, kind=self.kind, rows=rows.index[s], scored=scored
+                )
+                losses.append(res.loss_sum)
+                counts.append(res.counts)
+                if with_ranks:
+                    ranks.append(target_rank(out.logits.detach(), target))
+                chain_ok = chain_ok & res.correct
         assert len(losses) == S
         return ObjectiveOutput(
             loss_sums=torch.stack(losses),

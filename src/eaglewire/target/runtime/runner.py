@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from eaglewire.engine.interfaces import TargetForward
 from eaglewire.errors import BoundaryError, ConfigError, expected_actual
+from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket
@@ -324,10 +326,12 @@ class FastTargetRunner:
             _mark_dynamic(B, N, h=h, delta=delta, cos=cos, sin=sin, rows=rows, slots=slots, mask=mask)
         wanted = set(self.aux_boundaries)
         states: dict[int, torch.Tensor] = {}
-        for i, layer_w in enumerate(w.layers):
-            x, h, delta = layer_fn(h, delta, *layer_w, self._kv_layers[i], cos, sin, rows, slots, mask)
-            if i in wanted:
-                states[i] = x
+        # eager forwards (prefills, wide chunks) have a new shape nearly every call
+        with nullcontext() if compiled else varying_shape_attention():
+            for i, layer_w in enumerate(w.layers):
+                x, h, delta = layer_fn(h, delta, *layer_w, self._kv_layers[i], cos, sin, rows, slots, mask)
+                if i in wanted:
+                    states[i] = x
         final, logits = head_fn(h, delta, w.final_norm, w.lm_head, logits_at)
         L = self.num_layers
         parts = [states[b] if b < L else final for b in self.aux_boundaries]

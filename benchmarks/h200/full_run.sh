@@ -28,7 +28,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -189,8 +189,9 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
 }
 
 do_quickstart() {
+  # shellcheck disable=SC2086 # QS_ARGS: extra flags (e.g. shorter budgets), word-split on purpose
   timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
-    --out "$runs/quickstart"
+    --out "$runs/quickstart" ${QS_ARGS:-}
 }
 
 do_sweep() {

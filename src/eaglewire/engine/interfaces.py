@@ -20,6 +20,10 @@ import torch
 class TargetForward:
     logits: torch.Tensor  # [B, N, V] (float32 for sampling/argmax)
     aux: torch.Tensor  # [B, N, A*Ht] aux states in contract order, for the same N tokens
+    # [B, 1 + 2N] greedy verification of the tree the forward ran (`engine.verify.greedy_paths`),
+    # when the runner was asked for it (`forward(..., greedy=True)`): inside a replayed CUDA graph
+    # it costs no launches of its own
+    greedy: torch.Tensor | None = None
 
 
 class TargetRunner(Protocol):

@@ -8,7 +8,8 @@ Without a draft the tree is the root alone and the loop is plain decoding on the
     prefill:  target(prompt[:-1]) -> commit; draft.extend(aux, prompt[1:])
     round:    tree   = draft(root)                              num_steps draft forwards
               fwd    = target(tree tokens, positions, mask)     one target forward
-              verdict= verify(tree, fwd.logits)                 accepted path + bonus (one host read)
+              verdict= verify(tree, fwd.logits)                 accepted path + bonus (one host read);
+                                                                greedy: inside the forward's CUDA graph
               draft.extend(fwd.aux[path], emitted)              rows for the accepted tokens
               target.commit(path); emit verdict tokens; stop?   eos / stop string / max tokens
               root   = bonus
@@ -26,7 +27,7 @@ from eaglewire.engine.interfaces import TargetRunner, commit_leading
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.tree import root_only
-from eaglewire.engine.verify import StopRule, Verdict, verify
+from eaglewire.engine.verify import StopRule, Verdict, verdict_from_path, verify
 
 
 @dataclass
@@ -98,6 +99,9 @@ def speculative_generate(
 
     generated: list[int] = []
     trace = DecodeTrace(token_ids=generated, finish_reason="max_new_tokens")
+    # A runner that verifies greedily itself does it inside its verify forward (its CUDA graph).
+    in_forward = sampling.greedy and "greedy" in inspect.signature(runner.forward).parameters
+    extra = {"greedy": True} if in_forward else {}
     while True:
         root_position = len(prompt_ids) + len(generated) - 1
         with timers.phase("draft"):
@@ -110,8 +114,13 @@ def speculative_generate(
                 tree.tokens[None].to(device),
                 tree.positions(root_position)[None].to(device),
                 tree.ancestor_mask()[None].to(device),
+                **extra,
             )
-            verdict: Verdict = verify(tree, fwd.logits[0], sampling, verify_generator)
+            verdict: Verdict = (
+                verdict_from_path(fwd.greedy[0])
+                if fwd.greedy is not None
+                else verify(tree, fwd.logits[0], sampling, verify_generator)
+            )
         path = verdict.path_device
         if path is None:  # sampled verification decides on the host
             path = torch.tensor(verdict.path, device=device)

@@ -39,35 +39,43 @@ class Verdict:
         return len(self.path) - 1
 
 
-def greedy_path(tree: DraftTree, target_logits: torch.Tensor) -> torch.Tensor:
-    """target_logits [N, V] -> [1 + 2N] int64 on the device, without reading it from the host:
+def greedy_paths(tokens: torch.Tensor, ancestors: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Greedy verification of B trees on the device, without reading anything from the host:
+    tokens [B, N]; ancestors [B, N, N] bool ancestor-or-self masks (node 0 the root, parents before
+    children: the target's tree mask); target_logits [B, N, V] -> [B, 1 + 2N] int64, each row
     [n, path nodes (N, first n valid, root first), emitted tokens (N, first n valid)].
 
-    Node i is *agreed* when its token is the target's argmax after its parent (the root always
-    is); the accepted path ends at the deepest node whose ancestors are all agreed. A node's
+    A node's depth is its number of strict ancestors and its parent the ancestor one level up, so
+    the mask alone describes the tree (a CUDA-graphed verify forward computes this from its own
+    inputs). Node i is *agreed* when its token is the target's argmax after its parent (the root
+    always is); the accepted path ends at the deepest node whose ancestors are all agreed. A node's
     children carry distinct tokens, so at most one child agrees and that node is unique. Nodes on
-    a path have increasing indices (parents precede children), so sorting gives path order, and
-    the emitted tokens are the target's argmax at each path node (the last one is the bonus)."""
-    N = tree.num_nodes
+    a path have increasing indices, so sorting gives path order, and the emitted tokens are the
+    target's argmax at each path node (the last one is the bonus)."""
+    B, N = tokens.shape
+    index = torch.arange(N, device=tokens.device)
+    target_next = target_logits.argmax(dim=-1)  # [B, N]
+    depths = ancestors.sum(dim=-1) - 1  # [B, N]
+    is_parent = ancestors & (depths[:, None, :] == depths[:, :, None] - 1)  # [B, N, N] [b, i, j]: j parents i
+    parent = is_parent.long().argmax(dim=-1)  # [B, N] (the root: 0)
+    agreed = (tokens == target_next.gather(1, parent)) | (index == 0)  # [B, N]
+    on_agreed_path = ~(ancestors & ~agreed[:, None, :]).any(dim=-1)  # [B, N]
+    last = torch.where(on_agreed_path, depths, -1).argmax(dim=-1)  # [B] deepest agreed node
+    on_path = ancestors.gather(1, last[:, None, None].expand(B, 1, N)).squeeze(1)  # [B, N]
+    path_sorted = torch.where(on_path, index, N + index).sort(dim=-1).values % N  # [B, N] path first
+    n = on_path.sum(dim=-1)  # [B]
+    return torch.cat([n[:, None], path_sorted, target_next.gather(1, path_sorted)], dim=1)
+
+
+def greedy_path(tree: DraftTree, target_logits: torch.Tensor) -> torch.Tensor:
+    """One tree: target_logits [N, V] -> [1 + 2N] int64 on the device (see `greedy_paths`)."""
     dev = target_logits.device
-    target_next = target_logits.argmax(dim=-1)  # [N]
-    tokens, parents, depths = (t.to(dev) for t in (tree.tokens, tree.parents, tree.depths))
-    agreed = tokens == target_next[parents.clamp(min=0)]
-    agreed[0] = True
-    ancestors = tree.ancestor_mask().to(dev)  # [N, N] ancestor-or-self
-    on_agreed_path = ~(ancestors & ~agreed[None, :]).any(dim=-1)  # [N]
-    last = torch.where(on_agreed_path, depths, -1).argmax()  # deepest agreed node
-    index = torch.arange(N, device=dev)
-    path_sorted = torch.where(ancestors[last], index, N + index).sort().values % N  # [N] path first
-    n = ancestors[last].sum()
-    return torch.cat([n[None], path_sorted, target_next[path_sorted]])  # [1 + 2N]
+    return greedy_paths(tree.tokens.to(dev)[None], tree.ancestor_mask().to(dev)[None], target_logits[None])[0]
 
 
-def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
-    """target_logits [N, V] for the tree's nodes -> the longest path the target's argmax agrees with.
-    One host read for the whole tree (see `greedy_path`)."""
-    packed = greedy_path(tree, target_logits)
-    N = tree.num_nodes
+def verdict_from_path(packed: torch.Tensor) -> Verdict:
+    """packed [1 + 2N] (`greedy_paths`, one row) -> Verdict: one host read for the whole tree."""
+    N = (packed.shape[0] - 1) // 2
     values = packed.tolist()
     n = values[0]
     return Verdict(
@@ -76,6 +84,11 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
         path_device=packed[1 : 1 + n],
         emitted_device=packed[1 + N : 1 + N + n],
     )
+
+
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+    """target_logits [N, V] for the tree's nodes -> the longest path the target's argmax agrees with."""
+    return verdict_from_path(greedy_path(tree, target_logits))
 
 
 def verify_sampling(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator) -> Verdict:

@@ -8,7 +8,7 @@ import torch
 
 from eaglewire.engine.drafting import TOPK_CHUNK, top_k
 from eaglewire.engine.tree import tree_from_parents
-from eaglewire.engine.verify import verify_greedy
+from eaglewire.engine.verify import greedy_path, greedy_paths, verdict_from_path, verify_greedy
 
 
 def host_walk(tokens: list[int], parents: list[int], target_next: list[int]) -> tuple[list[int], list[int]]:
@@ -59,3 +59,21 @@ def test_top_k_equals_torch_topk(k: int, vocab: int) -> None:
     values, ids = top_k(x, k)
     expected = x.topk(k, dim=-1)
     assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
+
+
+def test_greedy_paths_of_a_batch_equal_each_tree_alone() -> None:
+    """Trees of one size batched together (as a batched verify forward runs them) give each tree's
+    own packed path; the mask alone describes each tree."""
+    g = torch.Generator().manual_seed(7)
+    n, vocab = 9, 3
+    trees = [tree_from_parents(*random_tree(g, n, vocab)) for _ in range(5)]
+    logits = torch.randn(5, n, vocab, generator=g)
+    packed = greedy_paths(
+        torch.stack([t.tokens for t in trees]), torch.stack([t.ancestor_mask() for t in trees]), logits
+    )
+    for b, tree in enumerate(trees):
+        alone = greedy_path(tree, logits[b])
+        assert packed[b].tolist() == alone.tolist()
+        verdict = verdict_from_path(packed[b])
+        walked = host_walk(tree.tokens.tolist(), tree.parents.tolist(), logits[b].argmax(-1).tolist())
+        assert (verdict.path, verdict.emitted) == walked

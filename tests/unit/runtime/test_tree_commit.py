@@ -123,3 +123,33 @@ def test_kv_bucket_steps_and_capacity() -> None:
         4096,
     ]
     assert kv_bucket(9000, 16384) == 9216
+
+
+def test_forward_verifies_greedily_when_asked() -> None:
+    """forward(..., greedy=True) carries each row's greedy verification of the tree it ran: the
+    same path and tokens as verifying its logits afterwards (a tree and the causal chain). Row 0's
+    nodes 1 and 3 are set to the target's choice, so its path is 0-1-3 (chain: 0-1-2-3)."""
+    from eaglewire.engine.tree import tree_from_parents
+    from eaglewire.engine.verify import greedy_path
+
+    target = tiny("llama")
+    runner = FastTargetRunner(target, (), max_batch_size=2, max_seq_len=64)
+    g = torch.Generator().manual_seed(5)
+    runner.reset(2)
+    runner.forward(torch.randint(0, 384, (2, 8), generator=g), torch.arange(8).expand(2, 8))
+    runner.commit_prefix(torch.tensor([8, 8]))
+    chain = list(range(-1, len(PARENT) - 1))
+    for parents, mask, agreeing, depths in (
+        (PARENT, tree_mask().expand(2, -1, -1), [1, 3], DEPTH),
+        (chain, None, [1, 2, 3], list(range(len(PARENT)))),
+    ):
+        nodes = torch.randint(0, 384, (2, len(PARENT)), generator=g)
+        positions = (8 + torch.tensor(depths)).expand(2, -1)
+        for i in agreeing:  # a node's logits depend on its ancestors only: fix them in depth order
+            nodes[0, i] = runner.forward(nodes, positions, mask).logits[0, parents[i]].argmax()
+        fwd = runner.forward(nodes, positions, mask, greedy=True)
+        assert fwd.greedy is not None and fwd.greedy.shape == (2, 1 + 2 * len(PARENT))
+        assert int(fwd.greedy[0, 0]) == len(agreeing) + 1
+        for b in range(2):
+            row_tree = tree_from_parents(nodes[b], torch.tensor(parents))
+            assert fwd.greedy[b].tolist() == greedy_path(row_tree, fwd.logits[b]).tolist()

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.engine.interfaces import TargetForward
+from eaglewire.engine.verify import greedy_paths
 from eaglewire.errors import BoundaryError, ConfigError, expected_actual
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
@@ -174,17 +175,21 @@ class FastTargetRunner:
         tree_mask: torch.Tensor | None = None,
         *,
         logits_at: torch.Tensor | None = None,
+        greedy: bool = False,
     ) -> TargetForward:
         """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal); logits_at [B]
         (optional, additive to the protocol): logits only at that new-token index of each row,
-        shape [B, 1, V]. Never reads the device from the host."""
+        shape [B, 1, V]; greedy (additive too): also verify the tree greedily (`TargetForward.greedy`,
+        inside the CUDA graph when one runs). Never reads the device from the host."""
         B, N = self._check_inputs(input_ids, positions, tree_mask, logits_at)
+        if greedy and logits_at is not None:
+            raise ConfigError("forward: greedy verification needs every node's logits; drop logits_at")
         need = self.cache.check_room(N)
         self.cache.note_forward(N)
         self._last_num_new = N
         if tree_mask is None and self.cache.lengths_exact_zero():
             logits, aux = self._run(input_ids, positions, None, self.cache.lengths, None, logits_at)
-            return TargetForward(logits=logits, aux=aux)
+            return _with_greedy(logits, aux, input_ids, tree_mask, greedy)
         window = kv_bucket(need, self.cache.capacity)
         if window > self._last_window and self.use_graphs:
             # a new bucket: tighten the host's bound once (one sync) so buckets stay small
@@ -194,8 +199,8 @@ class FastTargetRunner:
             logits, aux = self._run(
                 input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
             )
-            return TargetForward(logits=logits, aux=aux)
-        return self._replay(input_ids, positions, tree_mask, logits_at, window)
+            return _with_greedy(logits, aux, input_ids, tree_mask, greedy)
+        return self._replay(input_ids, positions, tree_mask, logits_at, window, greedy)
 
     @torch.no_grad()
     def commit(self, accepted: torch.Tensor, num_accepted: torch.Tensor) -> None:
@@ -345,12 +350,13 @@ class FastTargetRunner:
         tree_mask: torch.Tensor | None,
         logits_at: torch.Tensor | None,
         window: int,
+        greedy: bool,
     ) -> TargetForward:
         assert self._graphs is not None
         B, N = input_ids.shape
         dev = self.device
         has_tree, has_at = tree_mask is not None, logits_at is not None
-        key = (B, N, window, has_tree, has_at)
+        key = (B, N, window, has_tree, has_at, greedy)
 
         def make_inputs() -> dict[str, torch.Tensor]:
             inputs = {
@@ -364,7 +370,7 @@ class FastTargetRunner:
             return inputs
 
         def fn(inp: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-            return self._run(
+            logits, aux = self._run(
                 inp["input_ids"],
                 inp["positions"],
                 inp.get("tree_mask"),
@@ -372,6 +378,9 @@ class FastTargetRunner:
                 self._kv_positions[:window],
                 inp.get("logits_at"),
             )
+            if not greedy:
+                return logits, aux
+            return logits, aux, tree_greedy_paths(inp["input_ids"], inp.get("tree_mask"), logits)
 
         graph = self._graphs.get(key, make_inputs, fn)
         values = {"input_ids": input_ids, "positions": positions}
@@ -379,7 +388,29 @@ class FastTargetRunner:
             values["tree_mask"] = tree_mask
         if logits_at is not None:
             values["logits_at"] = logits_at
-        logits, aux = graph.run(values)
+        logits, aux, *paths = graph.run(values)
         if self.copy_outputs:
-            logits, aux = logits.clone(), aux.clone()
-        return TargetForward(logits=logits, aux=aux)
+            logits, aux, paths = logits.clone(), aux.clone(), [p.clone() for p in paths]
+        return TargetForward(logits=logits, aux=aux, greedy=paths[0] if paths else None)
+
+
+def tree_greedy_paths(
+    input_ids: torch.Tensor, tree_mask: torch.Tensor | None, logits: torch.Tensor
+) -> torch.Tensor:
+    """`greedy_paths` of the trees a forward ran: input_ids [B, N]; tree_mask [B, N, N] (None: causal,
+    a chain); logits [B, N, V] -> [B, 1 + 2N]."""
+    B, N = input_ids.shape
+    if tree_mask is None:
+        tree_mask = torch.ones(N, N, dtype=torch.bool, device=logits.device).tril().expand(B, N, N)
+    return greedy_paths(input_ids.to(logits.device), tree_mask.to(logits.device), logits)
+
+
+def _with_greedy(
+    logits: torch.Tensor,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    greedy: bool,
+) -> TargetForward:
+    paths = tree_greedy_paths(input_ids, tree_mask, logits) if greedy else None
+    return TargetForward(logits=logits, aux=aux, greedy=paths)

@@ -146,17 +146,18 @@ PRESETS: dict[str, QuickstartPreset] = {
         magpie_prompts=10000,
         user_turns=3,
         regenerate=True,
-        # regenerate -> train -> eval must fit 20 minutes on one H200. Measured with 240 s / 420 s:
-        # 12.3 min, regeneration cut at 70% of the conversations; these budgets (about 17 min, not
-        # yet measured) give the data more of the 20 minutes. `quickstart --regen-max-seconds /
-        # --train-max-seconds` override them.
-        train_max_seconds=480.0,
-        regen_max_seconds=420.0,
+        # regenerate -> train -> eval must fit 20 minutes on one H200. Measured (BENCHMARKS.md 2c):
+        # continuous regeneration answered all 16,384 conversations in ~103 s (data stage 178 s), and
+        # training ran at 67k tokens/s; tau follows the training tokens, so training gets most of the
+        # time: ~178 + 840 + 10 s = ~17 min (not yet measured at these budgets; 170 s / 180 s took
+        # 6.1 min). `quickstart --regen-max-seconds / --train-max-seconds` override them.
+        train_max_seconds=840.0,
+        regen_max_seconds=240.0,
         regen_max_new_tokens=256,
         regen_temperature=0.0,
-        # conversations answered together; generation runs them 256 rows at a time. On 2026-11-29
-        # batches of 256 left only ~45 prompts for each later user turn (10k tok/s overall); 1,024
-        # fills those turns' batches too (not yet measured)
+        # conversations answered together; generation runs them 256 rows at a time. Batches of 256
+        # left only ~45 prompts for each later user turn (10k tok/s overall); with 1,024, continuous
+        # batching and no cuDNN plan per prefill shape: 33.6k tok/s (2026-11-29)
         regen_batch_size=1024,
         # H200, 2026-11-29 (benchmarks/loop_profile.py, 1,024 chitchat prompts, 256 rows): 46.6k tok/s
         # continuous against 30.6k batch by batch

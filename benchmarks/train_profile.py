@@ -5,10 +5,11 @@ steps, 16 rows of 1024 tokens), on chitchat train conversations with their own a
 not depend on whose answers they are). For each setting it reports, over `--steps` steps after
 `--warmup`:
 
-* phases of a step, each ended by a device sync: `prepare` (records -> the target's forward(s),
-  its distribution restricted to the draft vocab, aux placed into packed rows), `forward` (the
-  7-step unroll and its losses), `backward`, `update` (clip + AdamW), and the step's wall time
-  through the loop's own `_train_step` (no syncs added);
+* the step's wall time through the loop's own `_train_step`, each step preparing the next one's
+  inputs as the loop does (`step_ms`, `tokens_per_s`), and the phases of a step, each ended by a
+  device sync: `prepare` (records -> the target's forward(s), its distribution restricted to the
+  draft vocab, aux placed into packed rows), `forward` (the 7-step unroll and its losses),
+  `backward`, `update` (clip + AdamW);
 * the summed CUDA kernel time of one profiled step against its wall time, and the top kernels and
   host-side operators.
 
@@ -58,10 +59,9 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     return out, (time.perf_counter() - t0) * 1e3
 
 
-def phase_step(trainer: Trainer, group: list[Any]) -> dict[str, float]:
+def phase_step(trainer: Trainer, rows: list[Any]) -> dict[str, float]:
     """One optimizer step of one micro-batch, split into phases with a sync after each (ms)."""
     device = trainer.ctx.device
-    (rows,) = [group]
     data, side = trainer.data, trainer.target_side
     inp, prepare_ms = _timed(lambda: side.prepare(rows, fetch_rows(data, rows), device), device)
     plan = batch_step_rows(inp.batch, trainer.cfg.ttt_steps)
@@ -91,13 +91,14 @@ def phase_step(trainer: Trainer, group: list[Any]) -> dict[str, float]:
     }
 
 
-def profile_step(trainer: Trainer, group: list[Any]) -> dict[str, Any]:
+def profile_step(trainer: Trainer, index: int) -> dict[str, Any]:
+    """Step `index` of epoch 0 under the profiler, its inputs prepared inside (not overlapped)."""
     device = trainer.ctx.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     _sync(device)
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()
-        trainer._train_step(group)
+        trainer._train_step(trainer._prepare(0, index))
         _sync(device)
         wall = (time.perf_counter() - t0) * 1e3
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -137,13 +138,15 @@ def run_setting(
             raise SystemExit(f"{name}: {len(groups)} steps of data, need {need}: raise --conversations")
         device = ctx.device
         walls, tokens = [], []
-        for i in range(args.warmup + args.steps):
-            (_, _, n), ms = _timed(lambda i=i: trainer._train_step(groups[i]), device)
+        prepared = trainer._prepare(0, 0)
+        for i in range(args.warmup + args.steps):  # as the loop runs: each step prepares the next
+            step = lambda p=prepared, i=i: trainer._train_step(p, (0, i + 1))  # noqa: E731
+            (_, _, n, prepared), ms = _timed(step, device)
             if i >= args.warmup:
                 walls.append(ms)
                 tokens.append(n)
         phases = [phase_step(trainer, groups[args.warmup + args.steps + i]) for i in range(args.steps)]
-        prof = profile_step(trainer, groups[args.warmup + 2 * args.steps])
+        prof = profile_step(trainer, args.warmup + 2 * args.steps)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
     step_ms = statistics.median(walls)
     return {

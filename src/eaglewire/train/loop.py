@@ -10,7 +10,9 @@ however it is split into processes and accumulation micro-batches.
 Host syncs: the forward and backward never wait for the device (the rows each TTT step trains on
 are planned from host tensors, `StepRows`); each optimizer step copies one small tensor to the
 host (loss finiteness, gradient norm, token and metric counts) before `optimizer.step`, since a
-non-finite update must be refused before it is applied. Nothing else waits on the device.
+non-finite update must be refused before it is applied. Nothing else waits on the device. Before
+that copy the step prepares the next step's inputs (records -> target forwards), so their host
+work overlaps this step's device work instead of leaving the device idle between steps.
 
 Wall-time budget (`max_seconds`): the training time of the run, resumes included (saved with each
 checkpoint), stops it after the step that passes the budget, and the learning-rate schedule
@@ -57,7 +59,7 @@ from eaglewire.train.loss import NUM_COUNTS, StepCounts
 from eaglewire.train.objective import TTTObjective, autocast_for, batch_step_rows
 from eaglewire.train.reporting import MetricsSink, Progress
 from eaglewire.train.schedule import build_optimizer, lr_at, set_lr, trainable_parameters
-from eaglewire.train.target_side import TargetSide, check_data_contract, check_dataset_identity
+from eaglewire.train.target_side import TargetSide, TrainInputs, check_data_contract, check_dataset_identity
 from eaglewire.train.ttt import StepRows
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,17 @@ log = logging.getLogger(__name__)
 DRAFT_DIR = "draft"
 SUMMARY_FILE = "train_summary.json"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass
+class _Prepared:
+    """One optimizer step's inputs on this process: group `group` of epoch `epoch`."""
+
+    epoch: int
+    group: int
+    micro: list[list[Row]]  # the micro-batches' rows
+    inputs: list[TrainInputs]
+    plans: list[StepRows]
 
 
 @dataclass
@@ -182,10 +195,12 @@ class Trainer:
         n = torch.tensor(local, dtype=torch.float64).to(self.ctx.device, non_blocking=True)
         return all_reduce_sum(n, self.ctx)
 
-    def _train_step(self, group: list[Row]) -> tuple[dict[str, Any], float, int]:
+    def _prepare(self, epoch: int, index: int) -> _Prepared:
+        """The inputs of this process's micro-batches of group `index` of `epoch` (the target's
+        forwards are launched, not waited for)."""
         cfg, ctx = self.cfg, self.ctx
         micro = split_for_rank(
-            group,
+            self.plans[epoch][index],
             rank=ctx.rank,
             world_size=ctx.world_size,
             batch_size=cfg.batch_size,
@@ -193,6 +208,26 @@ class Trainer:
         )
         inputs = [self.target_side.prepare(rows, fetch_rows(self.data, rows), ctx.device) for rows in micro]
         plans = [batch_step_rows(inp.batch, cfg.ttt_steps) for inp in inputs]
+        return _Prepared(epoch, index, micro, inputs, plans)
+
+    def _upcoming(self) -> tuple[int, int] | None:
+        """(epoch, group) of the optimizer step after the current one, None when this is the last."""
+        if self.step + 1 >= self.total_steps:
+            return None
+        if self.group + 1 < len(self.plans[self.epoch]):
+            return self.epoch, self.group + 1
+        nxt = self.epoch + 1
+        while nxt < self.cfg.epochs and not self.plans[nxt]:
+            nxt += 1
+        return (nxt, 0) if nxt < self.cfg.epochs else None
+
+    def _train_step(
+        self, prepared: _Prepared, upcoming: tuple[int, int] | None = None
+    ) -> tuple[dict[str, Any], float, int, _Prepared | None]:
+        """One optimizer step on `prepared`; with `upcoming`, also prepares that step's inputs while
+        this one still runs on the device, and returns them."""
+        cfg, ctx = self.cfg, self.ctx
+        micro, inputs, plans = prepared.micro, prepared.inputs, prepared.plans
         n_valid = self._normalizers(plans)
         w = torch.tensor(self.weights, dtype=torch.float64).to(ctx.device, non_blocking=True)
         scale = torch.where(
@@ -224,6 +259,10 @@ class Trainer:
             ]
         )
         all_reduce_sum(shared, ctx)
+        # The next step's inputs now: its target forwards queue behind this step's backward, so the
+        # device has work while the host waits for this step's numbers and applies the update (the
+        # target does not depend on the draft's weights).
+        following = self._prepare(*upcoming) if upcoming is not None else None
         host = torch.cat(
             [shared, norm.detach().to(torch.float64).reshape(1), bad_micro.to(torch.float64)]
         ).cpu()
@@ -243,7 +282,7 @@ class Trainer:
         set_lr(self.optimizer, self.lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return counts.summary(self.weights), norm_value, global_tokens
+        return counts.summary(self.weights), norm_value, global_tokens, following
 
     def _time_fraction(self) -> float:
         return self.elapsed / self.cfg.max_seconds if self.cfg.max_seconds > 0 else 0.0
@@ -322,6 +361,7 @@ class Trainer:
         bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main)
         last: dict[str, Any] = {}
         tokens_run, time_run = 0, 0.0
+        prepared: _Prepared | None = None  # the current step's inputs, prepared during the last step
         started = perf_counter()
         try:
             while self.step < self.total_steps and self.epoch < cfg.epochs:
@@ -338,7 +378,9 @@ class Trainer:
                     self.epoch, self.group = self.epoch + 1, 0
                     continue
                 t0 = perf_counter()
-                summary, norm, tokens = self._train_step(groups[self.group])
+                if prepared is None or (prepared.epoch, prepared.group) != (self.epoch, self.group):
+                    prepared = self._prepare(self.epoch, self.group)
+                summary, norm, tokens, prepared = self._train_step(prepared, self._upcoming())
                 dt = perf_counter() - t0  # up to the step's one sync (its optimizer update may still run)
                 self.step, self.group, self.tokens_seen = (
                     self.step + 1,

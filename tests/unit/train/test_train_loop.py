@@ -15,7 +15,8 @@ from eaglewire.draft.io import load_draft
 from eaglewire.errors import ConfigError, ContractMismatchError, TrainingError
 from eaglewire.target.identity import build_contract
 from eaglewire.train.config import TrainConfig
-from eaglewire.train.loop import train
+from eaglewire.train.distributed import init_distributed
+from eaglewire.train.loop import Trainer, train
 from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 
 FAST = TrainConfig(
@@ -130,6 +131,51 @@ def test_resume_reaches_the_same_weights(tiny_target, tiny_contract, captured_re
             resume=True,
             progress=False,
         )
+
+
+def test_preparing_the_next_step_during_this_one_changes_nothing(
+    tiny_target, tiny_contract, captured_records, tmp_path
+):
+    """The loop prepares step i+1's inputs inside step i (across epochs too); the weights are
+    bitwise those of preparing each step on its own, in order."""
+    cfg = replace(FAST, epochs=3)
+    piped = init_draft(tiny_target, tiny_contract, seed=0)
+    res = train(
+        cfg,
+        piped,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, piped),
+        out_dir=tmp_path / "piped",
+        progress=False,
+    )
+    alone = init_draft(tiny_target, tiny_contract, seed=0)
+    trainer = Trainer(
+        cfg,
+        alone,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, alone),
+        out_dir=tmp_path / "alone",
+        eval_data=None,
+        resume=False,
+        ctx=init_distributed("cpu"),
+    )
+    visited = []
+    while trainer.step < trainer.total_steps:
+        if trainer.group >= len(trainer.plans[trainer.epoch]):
+            trainer.epoch, trainer.group = trainer.epoch + 1, 0
+            continue
+        upcoming = trainer._upcoming()
+        _, _, _, following = trainer._train_step(trainer._prepare(trainer.epoch, trainer.group))
+        assert following is None  # nothing upcoming was asked for
+        visited.append((trainer.epoch, trainer.group, upcoming))
+        trainer.step, trainer.group = trainer.step + 1, trainer.group + 1
+    assert res.optimizer_steps == trainer.total_steps == len(visited) and cfg.epochs > 1
+    # `_upcoming` names exactly the step that follows, and nothing after the last one
+    assert [v[2] for v in visited] == [v[:2] for v in visited[1:]] + [None]
+    for (name, a), b in zip(piped.state_dict().items(), alone.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_contract_mismatch_stops_before_step_one(tiny_target, tiny_contract, captured_records, tmp_path):

@@ -16,8 +16,9 @@ the GPU sat idle waiting for the host (Python, launches, synchronisations).
 
 First, the components of one round on a 128-token context, each timed over 20 back-to-back calls
 both on the GPU's timeline (CUDA events) and on the host (time to enqueue): target forwards of 1,
-6 (chain) and 16 (tree) tokens, greedy verification of 6 and 16 nodes, a chain-5 and a 6x4x16
-draft round, and an extend of 3 rows. When the host is slower than the GPU the two agree.
+6 (chain) and 16 (tree) tokens, greedy verification of 6 and 16 nodes (eagerly, and inside the
+forward's CUDA graph with its host read, as the loop now runs it), a chain-5 and a 6x4x16 draft
+round, and an extend of 3 rows. When the host is slower than the GPU the two agree.
 
     python benchmarks/loop_profile.py --out loop_profile.json          # on a GPU
     python benchmarks/loop_profile.py --tiny                           # CPU check of this script
@@ -163,7 +164,7 @@ def component_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[
     an extend of 3 rows."""
     from eaglewire.engine.interfaces import commit_leading
     from eaglewire.engine.tree import tree_from_parents
-    from eaglewire.engine.verify import verify_greedy
+    from eaglewire.engine.verify import verdict_from_path, verify_greedy
 
     dev = target.device
     runner = make_runner(target, default_boundaries(target.num_layers), "auto", max_seq_len=1024)
@@ -193,6 +194,13 @@ def component_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[
         if t is not None:
             logits = runner.forward(tok, pos[None], mask).logits[0]
             add(f"greedy verification, {name}", lambda t=t, logits=logits: verify_greedy(t, logits))
+
+            def in_graph(tok: torch.Tensor = tok, pos: torch.Tensor = pos, mask: Any = mask) -> None:
+                fwd = runner.forward(tok, pos[None], mask, greedy=True)
+                assert fwd.greedy is not None
+                verdict_from_path(fwd.greedy[0])
+
+            add(f"forward + verification in its graph, {name}", in_graph)
     draft = random_draft(target, args.vd)
     aux = torch.randn(context, 3 * target.hidden_size, device=dev, dtype=target.dtype)
     for name, spec in (("chain 5", SpecArgs(5, 1, 6)), ("tree 6x4x16", SpecArgs(6, 4, 16))):

@@ -152,7 +152,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         # time: ~178 + 840 + 10 s = ~17 min (not yet measured at these budgets; 170 s / 180 s took
         # 6.1 min). `quickstart --regen-max-seconds / --train-max-seconds` override them.
         train_max_seconds=840.0,
-        regen_max_seconds=240.0,
+        regen_max_seconds=180.0,
         regen_max_new_tokens=256,
         regen_temperature=0.0,
         # conversations answered together; generation runs them 256 rows at a time. Batches of 256

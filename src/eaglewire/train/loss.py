@@ -108,10 +108,13 @@ def step_outcome(
     else:
         flat = draft_logits  # [M, Vd]
         at = torch.searchsorted(scored, rows)  # [N] where each valid row is among the scored ones
-    logp = torch.log_softmax(flat[at].float(), dim=-1)  # [N, Vd]
+    z = flat[at].float()  # [N, Vd] draft logits of the valid rows
     probs = target.probs_of_rows(rows)  # [N, Vd]
     draftable = target.in_vocab.reshape(-1)[rows]  # [N]
-    per_row = -(probs * logp).sum(-1)  # [N]
+    # -sum(p * log_softmax(z)) = logsumexp(z) - p.z, since p sums to 1: no [N, Vd] log-probabilities
+    # or products are materialised, and the gradient is softmax(z) - p (the [N, Vd] passes of this
+    # loss were the largest part of a training step's GPU time)
+    per_row = torch.logsumexp(z, dim=-1) - torch.linalg.vecdot(probs, z)  # [N]
     if kind == "kl":
         per_row = per_row + torch.special.xlogy(probs, probs).sum(-1)
     loss_sum = torch.where(draftable, per_row, torch.zeros_like(per_row)).sum()

@@ -60,6 +60,9 @@ def test_out_of_vocab_rows_are_masked_from_the_loss_and_counted():
     out.loss_sum.backward()
     assert draft_logits.grad is not None
     assert torch.all(draft_logits.grad[0, [1, 3]] == 0)  # masked rows get no gradient
+    # the soft cross-entropy's gradient: softmax(draft logits) - target distribution
+    expected_grad = torch.softmax(draft_logits.detach()[0, [0, 2]], -1) - dist.probs[0, [0, 2]]
+    torch.testing.assert_close(draft_logits.grad[0, [0, 2]], expected_grad)
     # KL is the same minus the target entropy
     kl = step_outcome(draft_logits.detach(), dist, valid, torch.ones_like(valid), kind="kl")
     entropy = -(dist.probs[0, [0, 2]] * dist.probs[0, [0, 2]].log()).sum()

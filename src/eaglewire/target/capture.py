@@ -78,11 +78,40 @@ def hooked_states(model: nn.Module, keys: Sequence[StateKey]) -> Iterator[dict[S
             h.remove()
 
 
-def _run(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits: bool) -> Any:
+@contextmanager
+def mla_heads_fixed(model: nn.Module) -> Iterator[None]:
+    """transformers' multi-head latent attention (DeepSeek-V3) expands K/V to all query heads
+    itself, yet its path for a custom attention mask repeats them again by `num_key_value_groups`
+    when a config has num_key_value_heads < num_attention_heads (a shape error). Inside the block
+    the groups of such modules are 1; nothing changes for other architectures."""
+    saved: list[tuple[Any, int]] = [
+        (m, int(getattr(m, "num_key_value_groups", 1)))
+        for m in model.modules()
+        if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
+    ]
+    for m, _ in saved:
+        m.num_key_value_groups = 1
+    try:
+        yield
+    finally:
+        for m, groups in saved:
+            m.num_key_value_groups = groups
+
+
+def _run(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    logits: bool,
+) -> Any:
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids
     if logits:
-        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return model(**kwargs)
     # The base model skips the lm_head: capture without logits costs no [B, T, V] matmul.
-    return model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return model.model(**kwargs)
 
 
 @torch.no_grad()
@@ -93,14 +122,17 @@ def capture(
     aux_boundaries: Sequence[int],
     final: FinalState,
     attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
     return_logits: bool = False,
 ) -> CapturedStates:
-    """Run the target on `input_ids` [B, T] and return the contract's states."""
+    """Run the target on `input_ids` [B, T] and return the contract's states. attention_mask: [B, T]
+    padding mask, or a custom [B, 1, T, T] additive one (packed records); position_ids [B, T]."""
     aux_keys = [StateKey(b, "pre") for b in aux_boundaries]
     final_key = StateKey(final.boundary, final.norm)
     keys = list(dict.fromkeys([*aux_keys, final_key]))
-    with hooked_states(model, keys) as store, varying_shape_attention():  # each batch has its own shape
-        out = _run(model, input_ids, attention_mask, return_logits)
+    # each batch has its own shape: no per-shape cuDNN plans
+    with hooked_states(model, keys) as store, varying_shape_attention(), mla_heads_fixed(model):
+        out = _run(model, input_ids, attention_mask, position_ids, return_logits)
     aux = torch.cat([store[k] for k in aux_keys], dim=-1)  # [B, T, A*Ht]
     return CapturedStates(aux=aux, final=store[final_key], logits=out.logits if return_logits else None)
 
@@ -117,5 +149,5 @@ def capture_all(
     """Every boundary (and the post-norm final) for `input_ids` [B, T]: key -> [B, T, Ht]."""
     keys = all_state_keys(target_parts(model).num_layers)
     with hooked_states(model, keys) as store:
-        _run(model, input_ids, attention_mask, logits=False)
+        _run(model, input_ids, attention_mask, None, logits=False)
     return dict(store)

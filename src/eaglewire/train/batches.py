@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import numpy as np
 import torch
 
 from eaglewire.errors import DataFormatError
@@ -192,39 +191,6 @@ def slot_token_index(rows: Sequence[Row]) -> torch.Tensor:
         for slot in row
     ]
     return torch.cat(parts)
-
-
-def length_buckets(lengths: Sequence[int], *, max_tokens: int, overhead: int) -> list[list[int]]:
-    """Split records into groups run as one padded batch each, e.g. target forwards.
-
-    Each group is padded to its longest record, so a group costs `overhead + count * width` token
-    slots (`overhead`: the fixed cost of one more forward, in tokens); the groups minimise the total
-    over sorted-by-length contiguous groups, with count * width <= max(max_tokens, width).
-    Returns lists of indices into `lengths`, longest records first (deterministic).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    widths = np.array([int(lengths[i]) for i in order], dtype=np.int64)  # descending
-    n = len(order)
-    best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cost of the first j records
-    start = np.zeros(n + 1, dtype=np.int64)  # where the last group of the best split of j begins
-    for j in range(1, n + 1):
-        # a group order[i:j] is padded to widths[i]; candidates i = j-1, j-2, ... while it fits
-        i = np.arange(j - 1, -1, -1)
-        size = (j - i) * widths[i]
-        fits = size <= np.maximum(max_tokens, widths[i])
-        fits[0] = True  # a record alone always fits
-        ok = np.cumprod(fits).astype(bool)  # contiguous: a longer group only grows
-        i, size = i[ok], size[ok]
-        cost = best[i] + overhead + size
-        k = int(np.argmin(cost))
-        best[j], start[j] = cost[k], i[k]
-    groups: list[list[int]] = []
-    end = n
-    while end > 0:
-        begin = int(start[end])
-        groups.append(order[begin:end])
-        end = begin
-    return groups[::-1]
 
 
 def fetch_rows(source: RecordSource[Any], rows: Sequence[Row]) -> list[Any]:

@@ -1,11 +1,11 @@
 """Where the draft's inputs and labels come from: the live target (online) or stored states (offline).
 
-Online: the target runs inside the loop on tokenized records (`TokenizedRecord`), each record
-right-padded in its own row (so the target never attends across packed records), and its aux
-states and logits are placed into the packed rows. The records of a micro-batch are sorted by
-length and run in a few forwards (`length_buckets`), each padded only to its own longest record:
-padding every record to the micro-batch's longest one made the target process several times the
-real tokens (chat data: ~120 records of ~120 tokens and one of ~1000 per 16 rows of 1024).
+Online: the target runs inside the loop on tokenized records (`TokenizedRecord`), in one forward
+over the packed rows: an additive [B, 1, T, T] mask lets each token attend only to the earlier
+tokens of its own record, at its position within the record, so every state equals that of the
+record run alone. An H200 profile (benchmarks/train_profile.py) found a training step bound by
+the host's kernel launches; running the records in length groups took several eager target
+forwards of ~30 layers each per micro-batch, where this takes one.
 
 Offline: captured records (`CapturedRecord`) carry aux and final states; the target's logits are
 recomputed from `final` with only the target's final norm (when `final` is pre-norm) and
@@ -35,8 +35,9 @@ from eaglewire.target.architectures import target_parts
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import check_fingerprint, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name, resolve_target_path
-from eaglewire.train.batches import Batch, Row, assemble, length_buckets, row_length, slot_token_index
+from eaglewire.train.batches import Batch, Row, assemble, row_length, slot_token_index
 from eaglewire.train.loss import TargetDistribution, restrict_target_logits, target_to_draft
+from eaglewire.train.ttt import prefix_mask
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,6 @@ class TargetSide(Protocol):
     def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs: ...
 
 
-# One more target forward costs about as much as this many more tokens (an eager forward is a few
-# hundred kernel launches); `length_buckets` trades it against padding.
-FORWARD_OVERHEAD_TOKENS = 4096
 # Token rows per offline lm_head call (float32 [rows, V] logits: 1.6 GB at V = 49152).
 HEAD_CHUNK_TOKENS = 8192
 
@@ -164,40 +162,32 @@ class OnlineTarget:
     @torch.no_grad()
     def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs:
         batch = assemble(rows, records)
-        lengths = [s.length for row in rows for s in row]
-        dest = slot_token_index(rows)  # [N] flat position of every token, slots in order
-        starts = [0]
-        for k in lengths:
-            starts.append(starts[-1] + k)
         dev = self.target.device
-        placed = _Placed(rows, len(self.d2t), self._data_contract.aux_width, dev)
-        budget = len(rows) * row_length(rows)  # as many token slots per forward as the packed rows have
-        for group in length_buckets(lengths, max_tokens=budget, overhead=FORWARD_OVERHEAD_TOKENS):
-            width = max(lengths[i] for i in group)
-            ids = torch.zeros(len(group), width, dtype=torch.long)
-            attn = torch.zeros(len(group), width, dtype=torch.long)
-            src, dst = [], []
-            for j, i in enumerate(group):
-                k = lengths[i]
-                ids[j, :k] = records[i].input_ids[:k]
-                attn[j, :k] = 1
-                src.append(torch.arange(j * width, j * width + k))
-                dst.append(dest[starts[i] : starts[i] + k])
-            padded = min(lengths[i] for i in group) != width  # no padding: no mask (faster in HF)
-            states = capture(
-                self.target.model,
-                _to_device(ids, dev),
-                aux_boundaries=self.aux_boundaries,
-                final=self.final,
-                attention_mask=_to_device(attn, dev) if padded else None,
-                return_logits=True,
-            )
-            assert states.logits is not None
-            real = _to_device(torch.cat(src), dev)  # [n] the group's real tokens
-            logits = states.logits.flatten(0, 1)[real]  # [n, V]
-            aux = states.aux.flatten(0, 1)[real]  # [n, A*Ht]
-            placed.put(torch.cat(dst), restrict_target_logits(logits, self.d2t, self.t2d), aux)
-        return placed.inputs(batch, device)
+        docs = _to_device(batch.doc_ids, dev)  # [B, T] record of each slot, -1 = padding
+        real = docs >= 0
+        allowed = prefix_mask(docs)[:, None]  # [B, 1, T, T] earlier tokens of the same record
+        # additive, as transformers takes a custom 4D mask for every attention implementation
+        mask = torch.zeros(allowed.shape, dtype=self.target.dtype, device=dev)
+        mask.masked_fill_(~allowed, torch.finfo(self.target.dtype).min)
+        states = capture(
+            self.target.model,
+            _to_device(batch.input_ids, dev),
+            aux_boundaries=self.aux_boundaries,
+            final=self.final,
+            attention_mask=mask,
+            position_ids=_to_device(batch.positions, dev),
+            return_logits=True,
+        )
+        assert states.logits is not None
+        dist = restrict_target_logits(states.logits, self.d2t, self.t2d)  # [B, T, Vd]
+        # padding slots hold no distribution and no states (as offline data places them)
+        target = TargetDistribution(
+            dist.probs.masked_fill_(~real[..., None], 0.0).to(device),
+            torch.where(real, dist.token, 0).to(device),
+            (dist.in_vocab & real).to(device),
+        )
+        aux = states.aux.float().masked_fill_(~real[..., None], 0.0)  # [B, T, A*Ht]
+        return TrainInputs(batch=batch.to(device), aux=aux.to(device), target=target)
 
 
 class TargetHead(nn.Module):

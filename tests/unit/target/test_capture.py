@@ -60,3 +60,45 @@ def test_hooks_are_removed(target):
     capture_all(target.model, ids)
     assert all(not layer._forward_pre_hooks for layer in target.model.model.layers)
     assert not target.model.model.norm._forward_hooks
+
+
+def test_packed_records_with_a_custom_mask_equal_each_record_alone(target):
+    """Online training runs several records packed in one row: an additive [B, 1, T, T] mask keeps
+    each record to itself and position ids restart per record; every state and logit then equals
+    the record's own forward, on every architecture."""
+    from eaglewire.train.ttt import prefix_mask
+
+    lengths = [5, 8, 3]
+    g = torch.Generator().manual_seed(0)
+    records = [torch.randint(3, target.vocab_size, (n,), generator=g) for n in lengths]
+    T = sum(lengths) + 2  # two padding slots at the end of the row
+    ids = torch.zeros(1, T, dtype=torch.long)
+    positions = torch.zeros(1, T, dtype=torch.long)
+    docs = torch.full((1, T), -1)
+    offset = 0
+    for d, rec in enumerate(records):
+        ids[0, offset : offset + len(rec)] = rec
+        positions[0, offset : offset + len(rec)] = torch.arange(len(rec))
+        docs[0, offset : offset + len(rec)] = d
+        offset += len(rec)
+    allowed = prefix_mask(docs)[:, None]
+    mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    final = FinalState(target.num_layers, "pre")
+    packed = capture(
+        target.model,
+        ids,
+        aux_boundaries=[1, 2],
+        final=final,
+        attention_mask=mask,
+        position_ids=positions,
+        return_logits=True,
+    )
+    offset = 0
+    for rec in records:
+        alone = capture(target.model, rec[None], aux_boundaries=[1, 2], final=final, return_logits=True)
+        at = slice(offset, offset + len(rec))
+        torch.testing.assert_close(packed.aux[0, at], alone.aux[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(packed.final[0, at], alone.final[0], rtol=1e-4, atol=1e-5)
+        assert packed.logits is not None and alone.logits is not None
+        torch.testing.assert_close(packed.logits[0, at], alone.logits[0], rtol=1e-4, atol=1e-4)
+        offset += len(rec)

@@ -217,16 +217,10 @@ def test_non_finite_loss_names_step_and_records(tiny_target, tiny_contract, capt
     assert bad.record_id in str(err.value)
 
 
-@pytest.mark.parametrize("forward_overhead", [4096, 0])
-def test_online_inputs_equal_offline_inputs(
-    tiny_target, tiny_contract, token_records, captured_records, monkeypatch, forward_overhead
-):
-    """The online path (target in the loop, padded) and the offline path (target head on `final`)
-    hand the draft the same aux states and the same restricted target distribution, however the
-    online side groups the records into target forwards (overhead 0: one forward per length)."""
-    import eaglewire.train.target_side as target_side
-
-    monkeypatch.setattr(target_side, "FORWARD_OVERHEAD_TOKENS", forward_overhead)
+def test_online_inputs_equal_offline_inputs(tiny_target, tiny_contract, token_records, captured_records):
+    """The online path (one target forward over the packed rows, each record attending to itself
+    only) and the offline path (records captured alone, target head on `final`) hand the draft the
+    same aux states and the same restricted target distribution, padding slots included."""
     d2t = torch.arange(0, tiny_target.vocab_size, 2)  # a draft vocab of every other token
     head = TargetHead.from_target(tiny_target, tiny_contract.final)
     online, offline_side = (
@@ -298,23 +292,3 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path):
         pytest.skip("tensorboard is installed here")
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         open_tensorboard(tmp_path)
-
-
-def test_length_buckets_cover_every_record_once_within_the_budget():
-    from eaglewire.train.batches import length_buckets
-
-    lengths = [120, 7, 64, 64, 300, 12, 5, 90, 33, 1000, 64]
-    for overhead in (0, 50, 10_000):
-        groups = length_buckets(lengths, max_tokens=512, overhead=overhead)
-        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-        for g in groups:
-            width = max(lengths[i] for i in g)
-            assert len(g) * width <= max(512, width)
-        flat = [lengths[i] for g in groups for i in g]
-        assert flat == sorted(flat, reverse=True)  # longest first, groups contiguous in length
-    assert len(length_buckets(lengths, max_tokens=512, overhead=0)) > len(
-        length_buckets(lengths, max_tokens=512, overhead=10_000)
-    )
-    # no overhead: no padding at all (equal lengths share a group)
-    assert all(len({lengths[i] for i in g}) == 1 for g in length_buckets(lengths, max_tokens=512, overhead=0))
-    assert length_buckets([], max_tokens=8, overhead=1) == []

@@ -8,33 +8,16 @@ architecture transformers runs, e.g. DeepSeek-V3; the aux states come from captu
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 from eaglewire.contract.fingerprint import StateKey
 from eaglewire.engine.interfaces import TargetForward
 from eaglewire.errors import ConfigError, expected_actual
-from eaglewire.target.capture import hooked_states
+from eaglewire.target.capture import hooked_states, mla_heads_fixed
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.runner import check_boundaries
-
-
-@contextmanager
-def _mla_heads_fixed(modules: list[Any]) -> Iterator[None]:
-    """transformers' multi-head latent attention (DeepSeek-V3) expands K/V to all query heads
-    itself, yet its mask path repeats them again by `num_key_value_groups` when a config has
-    num_key_value_heads < num_attention_heads (a shape error). Groups are 1 for such modules."""
-    saved = [(m, m.num_key_value_groups) for m in modules]
-    for m, _ in saved:
-        m.num_key_value_groups = 1
-    try:
-        yield
-    finally:
-        for m, groups in saved:
-            m.num_key_value_groups = groups
 
 
 class GenericTargetRunner:
@@ -62,11 +45,6 @@ class GenericTargetRunner:
         self.eos_token_ids = target.eos_token_ids
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self._mla = [
-            m
-            for m in self.model.modules()
-            if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
-        ]
         self._ids: list[torch.Tensor] = []
         self._pos: list[torch.Tensor] = []
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -131,7 +109,7 @@ class GenericTargetRunner:
         neg = torch.finfo(self.dtype).min
         mask = torch.zeros(B, 1, T, T, dtype=self.dtype, device=dev).masked_fill(~allowed[:, None], neg)
         aux_keys = [StateKey(b, "pre") for b in self.aux_boundaries]
-        with _mla_heads_fixed(self._mla), hooked_states(self.model, list(dict.fromkeys(aux_keys))) as store:
+        with mla_heads_fixed(self.model), hooked_states(self.model, list(dict.fromkeys(aux_keys))) as store:
             out = self.model(input_ids=full_ids, position_ids=full_pos, attention_mask=mask, use_cache=False)
         gather = torch.tensor(lens, device=dev)[:, None] + torch.arange(N, device=dev)  # [B, N]
 

@@ -222,7 +222,7 @@ say "full_run: mode=$([ "$TINY" = 1 ] && echo tiny || echo gpu) SMOL=$SMOL repo=
 step env do_env
 step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
 # STEPS picks and orders the steps after convert (a session with little device time left skips the
-# measurements it already has). The default puts the quickstart (about 21 minutes with the GPU
+# measurements it already has). The default puts the quickstart (about 22 minutes with the GPU
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile capture sweep export}; do
   case "$name" in

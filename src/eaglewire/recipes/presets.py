@@ -141,18 +141,21 @@ PRESETS: dict[str, QuickstartPreset] = {
         # 286 s with the draft starting to overfit, and MT-bench (instructions, out of that domain)
         # reached tau 1.4. Now: the whole chitchat train split with 3 user turns, and Magpie prompts
         # (instructions in the target's own distribution); the time budgets, not epochs, decide.
+        # 10,000 Magpie prompts made 3.5M loss tokens in all, which a faster trainer would see ~15
+        # times in the training budget: 20,000 (sampled at ~55k tok/s, ~1 minute) add ~3M more.
         chitchat_conversations=7168,
         humaneval_problems=131,
-        magpie_prompts=10000,
+        magpie_prompts=20000,
         user_turns=3,
         regenerate=True,
         # regenerate -> train -> eval must fit 20 minutes on one H200. Measured (BENCHMARKS.md 2c):
-        # continuous regeneration answered all 16,384 conversations in ~103 s (data stage 178 s), and
+        # continuous regeneration answered 16,384 conversations in ~103 s (data stage 178 s), and
         # training ran at 67k tokens/s; tau follows the training tokens, so training gets most of the
-        # time: ~178 + 840 + 10 s = ~17 min (not yet measured at these budgets; 170 s / 180 s took
-        # 6.1 min). `quickstart --regen-max-seconds / --train-max-seconds` override them.
-        train_max_seconds=840.0,
-        regen_max_seconds=180.0,
+        # time: ~330 s of data (twice the Magpie prompts) + 720 s + 10 s = ~18 min (not yet measured
+        # at these settings; 170 s / 180 s with 10,000 Magpie prompts took 6.1 min).
+        # `quickstart --regen-max-seconds / --train-max-seconds` override them.
+        train_max_seconds=720.0,
+        regen_max_seconds=240.0,
         regen_max_new_tokens=256,
         regen_temperature=0.0,
         # conversations answered together; generation runs them 256 rows at a time. Batches of 256

@@ -36,6 +36,17 @@ def check_architecture(architecture: str | None, *, where: str = "config.json") 
     return SUPPORTED_ARCHITECTURES[architecture]
 
 
+def sliding_window_of(config: Any) -> int | None:
+    """The attention window some layers of this config use (tokens), None when all attend fully:
+    Mistral's `sliding_window`, or any `layer_types` entry "sliding_attention"."""
+    window = getattr(config, "sliding_window", None)
+    family = SUPPORTED_ARCHITECTURES.get(str((getattr(config, "architectures", None) or ["?"])[0]))
+    layer_types = getattr(config, "layer_types", None) or []
+    if window is None or not (family == "mistral" or "sliding_attention" in layer_types):
+        return None
+    return int(window)
+
+
 def architecture_of(model: Any) -> str:
     archs = getattr(model.config, "architectures", None) or [type(model).__name__]
     return str(archs[0])

@@ -31,7 +31,7 @@ from torch import nn
 from eaglewire.contract.contract import Contract, FinalState, contract_diff
 from eaglewire.errors import ConfigError, ContractMismatchError, DataFormatError, TargetFilesError
 from eaglewire.nn.rmsnorm import RMSNorm
-from eaglewire.target.architectures import target_parts
+from eaglewire.target.architectures import sliding_window_of, target_parts
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import check_fingerprint, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name, resolve_target_path
@@ -162,6 +162,14 @@ class OnlineTarget:
     @torch.no_grad()
     def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs:
         batch = assemble(rows, records)
+        window = sliding_window_of(self.target.model.config)
+        if window is not None and batch.input_ids.shape[1] > window:
+            # a custom mask replaces transformers' own, window included
+            raise ConfigError(
+                f"online training packs records into rows of {batch.input_ids.shape[1]} tokens, but the "
+                f"target's config.sliding_window={window} limits some layers' attention to fewer",
+                fix=f"train with max_length <= {window}, or capture the data offline (eaglewire data capture)",
+            )
         dev = self.target.device
         docs = _to_device(batch.doc_ids, dev)  # [B, T] record of each slot, -1 = padding
         real = docs >= 0

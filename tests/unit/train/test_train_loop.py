@@ -292,3 +292,20 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path):
         pytest.skip("tensorboard is installed here")
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         open_tensorboard(tmp_path)
+
+
+def test_online_packing_refuses_a_sliding_window_shorter_than_its_rows(token_records):
+    """The packed forward's custom mask replaces transformers' own, window included: a target whose
+    layers see fewer tokens than a row holds is refused, naming both numbers and the way out."""
+    from eaglewire.train.batches import fetch_rows, plan_rows
+    from tests.helpers.tiny import make_tiny_target
+
+    target = make_tiny_target("mistral")
+    target.model.config.sliding_window = 16
+    contract = build_contract(target, fingerprint=False)
+    side = OnlineTarget(target, contract, torch.arange(0, target.vocab_size, 2))
+    records = token_records[:6]
+    rows = plan_rows([len(r.input_ids) for r in records], range(6), max_length=64, pack=True)
+    with pytest.raises(ConfigError, match="sliding_window=16") as err:
+        side.prepare(rows, fetch_rows(records, rows), torch.device("cpu"))
+    assert "max_length <= 16" in str(err.value)

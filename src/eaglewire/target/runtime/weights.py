@@ -16,7 +16,7 @@ from torch import nn
 
 from eaglewire.errors import UnsupportedArchitectureError
 from eaglewire.nn.rope import rope_inv_freq
-from eaglewire.target.architectures import LLAMA_FAMILY, check_architecture, target_parts
+from eaglewire.target.architectures import LLAMA_FAMILY, check_architecture, sliding_window_of, target_parts
 
 SUPPORTED_ACTIVATIONS = ("silu",)
 
@@ -110,12 +110,8 @@ def check_fast_supported(config: Any, max_seq_len: int) -> None:
         raise UnsupportedArchitectureError(
             f"fast target runtime: config.hidden_act={act!r}, supported: {SUPPORTED_ACTIVATIONS}"
         )
-    window = _cfg(config, "sliding_window")
-    layer_types = _cfg(config, "layer_types") or []
-    uses_window = window is not None and (
-        family == "mistral" or any(t == "sliding_attention" for t in layer_types)
-    )
-    if uses_window and max_seq_len > int(window):
+    window = sliding_window_of(config)
+    if window is not None and max_seq_len > window:
         raise UnsupportedArchitectureError(
             f"fast target runtime: config.sliding_window={window} is smaller than max_seq_len={max_seq_len}; "
             "the compact model implements full attention only",

@@ -23,7 +23,7 @@
 #   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
 #   loop_profile benchmarks/loop_profile.py: a round's components, and wall vs GPU kernel time per decoding step
-#   train_profile benchmarks/train_profile.py: a training step's phases and kernels (not in the default STEPS)
+#   train_profile benchmarks/train_profile.py: a training step's phases and kernels
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
@@ -224,7 +224,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # STEPS picks and orders the steps after convert (a session with little device time left skips the
 # measurements it already has). The default puts the quickstart (about 22 minutes with the GPU
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
-for name in ${STEPS:-gpu_tests quickstart loop_profile capture sweep export}; do
+for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
     draft_speed | capture | loop_profile | train_profile | quickstart | sweep | export | gpu_tests) step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;

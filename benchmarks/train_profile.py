@@ -2,8 +2,9 @@
 
 Online training as the GPU quickstart runs it (reference target, bf16, draft vocab 16384, 7 TTT
 steps, 16 rows of 1024 tokens), on chitchat train conversations with their own answers (speed does
-not depend on whose answers they are). For each setting it reports, over `--steps` steps after
-`--warmup`:
+not depend on whose answers they are), eager and with the draft's forward compiled
+(`TrainConfig.compile`; it compiles during the warm-up steps). For each setting it reports, over
+`--steps` steps after `--warmup`:
 
 * the step's wall time through the loop's own `_train_step`, each step preparing the next one's
   inputs as the loop does (`step_ms`, `tokens_per_s`), and the phases of a step, each ended by a
@@ -20,6 +21,7 @@ not depend on whose answers they are). For each setting it reports, over `--step
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -169,7 +171,13 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=7168)
     ap.add_argument("--vd", type=int, default=16384)
     ap.add_argument("--max-length", type=int, default=1024)
-    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[16, 32])
+    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[16])
+    ap.add_argument(
+        "--compile",
+        type=lambda s: [x.strip() == "on" for x in s.split(",")],
+        default=[False, True],
+        help="TrainConfig.compile settings to compare, e.g. off,on",
+    )
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
@@ -180,6 +188,7 @@ def main() -> None:
 
         target = make_tiny_target("llama")
         args.conversations, args.vd, args.max_length, args.batch_sizes = 60, 64, 96, [2]
+        args.compile = [False]  # inductor on CPU needs a C++ toolchain
         args.ttt_steps, args.warmup, args.steps = 2, 1, 1
     else:
         target = load_target(args.target, dtype="bfloat16", device="cuda")
@@ -187,11 +196,17 @@ def main() -> None:
     ds, _ = build_dataset(convs, target.tokenizer, max_length=args.max_length, show_progress=False)
     d2t = build_draft_vocab(ds, args.vd, vocab_size=target.vocab_size).draft_to_target
     rows = []
-    for b in args.batch_sizes:
+    for b, compiled in itertools.product(args.batch_sizes, args.compile):
         config = TrainConfig(
-            ttt_steps=args.ttt_steps, learning_rate=5e-4, max_length=args.max_length, batch_size=b, epochs=1
+            ttt_steps=args.ttt_steps,
+            learning_rate=5e-4,
+            max_length=args.max_length,
+            batch_size=b,
+            epochs=1,
+            compile=compiled,
         )
-        row = run_setting(f"b{b} s{args.ttt_steps}", target, ds, d2t, config, args)
+        name = f"b{b} s{args.ttt_steps}" + (" compiled" if compiled else "")
+        row = run_setting(name, target, ds, d2t, config, args)
         if row is not None:
             rows.append(row)
     if args.out:

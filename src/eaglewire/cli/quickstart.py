@@ -82,6 +82,11 @@ def quickstart(
         "--regen-continuous/--regen-batched",
         help="override: refill generation rows as answers finish (continuous batching) or run batches to their end",
     ),
+    train_compile: bool = typer.Option(
+        None,
+        "--train-compile/--train-eager",
+        help="override: torch.compile the draft's forward in training, or run it eagerly",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
@@ -98,6 +103,7 @@ def quickstart(
         regen_max_seconds=regen_max_seconds,
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
+        train_compile=train_compile,
     )
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")

@@ -31,6 +31,7 @@ _OVERRIDES = {
     "parallel": "parallel",
     "tensorboard": "tensorboard",
     "pack": "pack",
+    "compile": "compile",
 }
 
 
@@ -68,6 +69,9 @@ def train_command(
     parallel: str = typer.Option(None, "--parallel", help="ddp | fsdp (under torchrun)"),
     tensorboard: bool = typer.Option(None, "--tensorboard/--no-tensorboard"),
     pack: bool = typer.Option(None, "--pack/--no-pack", help="pack several records per row"),
+    compile: bool = typer.Option(
+        None, "--compile/--no-compile", help="torch.compile the draft's forward (dynamic shapes)"
+    ),
     device: str = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available)"),
     target_dtype: str = typer.Option(
         None, "--target-dtype", help="dtype of the online target (default bf16 on GPU)"

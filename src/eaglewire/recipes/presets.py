@@ -57,7 +57,11 @@ class QuickstartPreset:
     regen_continuous: bool = help_field(
         "refill generation rows as answers finish (continuous batching) instead of running each batch to "
         "its longest answer; same greedy answers",
-        default=False,  # not yet measured on a GPU against batches
+        default=False,  # faster on the H200 (46.6k vs 30.6k tok/s): the gpu preset turns it on
+    )
+    train_compile: bool = help_field(
+        "torch.compile the draft's forward in training (TrainConfig.compile)",
+        default=False,  # not yet measured on a GPU (benchmarks/train_profile.py compares both)
     )
 
     def __post_init__(self) -> None:

@@ -170,6 +170,7 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
         checkpoint_every=200,
         log_every=10,
         max_seconds=p.train_max_seconds,
+        compile=p.train_compile,
     )
     vocab = load_draft_vocab(run.path("data", "vocab"))
     result = run_training(

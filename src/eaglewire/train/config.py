@@ -83,6 +83,11 @@ class TrainConfig:
     parallel: Parallel = help_field(
         "multi-process strategy under torchrun: 'ddp' or 'fsdp' (FSDP2)", default="ddp"
     )
+    compile: bool = help_field(
+        "torch.compile the draft's forward inside the training-time test (dynamic shapes): fewer "
+        "kernel launches per step; the first steps compile (benchmarks/train_profile.py measures it)",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         positive = (
@@ -115,6 +120,12 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}: expected 0 <= value < 1, got {getattr(self, name)}")
+        if self.compile and self.parallel == "fsdp":
+            raise ConfigError(
+                "compile=True with parallel='fsdp': the compiled draft forward would bypass FSDP's "
+                "per-module hooks",
+                fix="use parallel='ddp' with compile, or compile=False with FSDP",
+            )
         if self.max_length < self.ttt_steps + 2:
             raise ConfigError(
                 f"max_length={self.max_length} is too short for ttt_steps={self.ttt_steps}: "
@@ -145,7 +156,15 @@ class TrainConfig:
 
 # Fields a resumed run may change: they steer logging, evaluation and checkpoint cadence, not the weights.
 RESUME_MUTABLE = frozenset(
-    {"eval_every", "eval_max_records", "checkpoint_every", "keep_checkpoints", "log_every", "tensorboard"}
+    {
+        "eval_every",
+        "eval_max_records",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "log_every",
+        "tensorboard",
+        "compile",  # how the same forward runs
+    }
 )
 
 

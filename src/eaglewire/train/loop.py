@@ -141,7 +141,8 @@ class Trainer:
         if ckpt is not None:
             draft.load_state_dict(ckpt.model_state)
         self.draft = draft
-        self.model = wrap_model(TTTObjective(draft, config.ttt_steps, config.loss), ctx, config.parallel)
+        objective = TTTObjective(draft, config.ttt_steps, config.loss, compile=config.compile)
+        self.model = wrap_model(objective, ctx, config.parallel)
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config)
         self.step, self.epoch, self.group, self.tokens_seen = 0, 0, 0, 0

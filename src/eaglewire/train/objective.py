@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from eaglewire.draft.model import Eagle3Draft
+from eaglewire.draft.model import DraftOutput, Eagle3Draft
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.train.batches import Batch
 from eaglewire.train.loss import NUM_COUNTS, step_outcome, target_rank
@@ -37,16 +38,30 @@ class ObjectiveOutput:
     ranks: torch.Tensor | None  # [S, B, T] int64 rank of the target token among the draft's logits
 
 
+# torch.compile's backend for `TTTObjective(compile=True)` (tests without a C++ toolchain swap it)
+COMPILE_BACKEND = "inductor"
+
+
 class TTTObjective(nn.Module):
-    """Holds the draft; forward unrolls `num_steps` TTT steps and scores each against the target."""
+    """Holds the draft; forward unrolls `num_steps` TTT steps and scores each against the target.
+    compile=True runs the draft's forward through torch.compile with dynamic shapes (one graph per
+    TTT step, as the chain's key count differs; no graph breaks)."""
 
     def __init__(
-        self, draft: Eagle3Draft, num_steps: int, kind: Literal["soft_ce", "kl"] = "soft_ce"
+        self,
+        draft: Eagle3Draft,
+        num_steps: int,
+        kind: Literal["soft_ce", "kl"] = "soft_ce",
+        *,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.draft = draft
         self.num_steps = num_steps
         self.kind: Literal["soft_ce", "kl"] = kind
+        self._forward: Callable[..., DraftOutput] | None = (
+            torch.compile(draft.forward, dynamic=True, backend=COMPILE_BACKEND) if compile else None
+        )
 
     def forward(
         self, inputs: TrainInputs, with_ranks: bool = False, rows: StepRows | None = None
@@ -62,7 +77,16 @@ class TTTObjective(nn.Module):
         losses, counts, ranks = [], [], []
         B, T = b.input_ids.shape
         # Ranks need every row's logits; otherwise only the rows each step scores get the lm_head.
-        steps = ttt_unroll(self.draft, b.input_ids, b.positions, b.doc_ids, inputs.aux, S, logits=with_ranks)
+        steps = ttt_unroll(
+            self.draft,
+            b.input_ids,
+            b.positions,
+            b.doc_ids,
+            inputs.aux,
+            S,
+            logits=with_ranks,
+            forward=self._forward,
+        )
         with varying_shape_attention():  # every batch has its own length: no per-shape cuDNN plans
             for s, out in enumerate(steps):
                 target = inputs.target.shifted(1 + s)  # row t <- the target's distribution at t+1+s

@@ -37,7 +37,7 @@ and to a step-by-step serving decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -203,6 +203,7 @@ def ttt_unroll(
     num_steps: int,
     *,
     logits: bool = True,
+    forward: Callable[..., DraftOutput] | None = None,
 ) -> Iterator[DraftOutput]:
     """Yield the draft's output for steps 0..num_steps-1.
 
@@ -211,10 +212,12 @@ def ttt_unroll(
     of step s predicts x[t+2+s] (see the module docstring). Rows whose shifted inputs leave their
     record produce values that no in-range row ever attends to; mask them with `step_in_range`.
     logits=False leaves `DraftOutput.logits` empty (apply `draft.compute_logits` to the rows needed).
+    forward: what runs each step in place of `draft` itself (its compiled forward).
     """
     hidden = draft.project(aux)  # [B, T, H]
     chain = _ChainKeys(prefix_mask(doc_ids))  # [B, T, T]
+    step = forward if forward is not None else draft
     for s in range(num_steps):
-        out = draft(shift_left(input_ids, 1 + s), hidden, positions + s, kv=chain, compute_logits=logits)
+        out = step(shift_left(input_ids, 1 + s), hidden, positions + s, kv=chain, compute_logits=logits)
         yield out
         hidden = out.hidden

@@ -44,3 +44,34 @@ def test_regeneration_order_is_mixed_only_under_a_time_budget(tmp_path, budget):
     else:  # the sources stay grouped, chitchat first
         assert all(i.startswith("chitchat:") for i in ids[:20])
         assert all(i.startswith("humaneval:") for i in ids[20:])
+
+
+def test_quickstart_flags_reach_the_preset(monkeypatch):
+    """`eaglewire quickstart --train-compile --regen-batched ...` override the preset's fields."""
+    from typer.testing import CliRunner
+
+    import eaglewire.recipes.quickstart as quickstart
+    from eaglewire.cli import app
+
+    seen = {}
+
+    def fake_run(run):  # stop before any work: only the preset is checked here
+        seen["preset"] = run.preset
+        raise SystemExit(0)
+
+    monkeypatch.setattr(quickstart, "run_quickstart", fake_run)
+    args = [
+        "quickstart",
+        "--preset",
+        "tiny",
+        "--train-compile",
+        "--regen-batched",
+        "--train-max-seconds",
+        "7",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    preset = seen["preset"]
+    assert (
+        preset.train_compile is True and preset.regen_continuous is False and preset.train_max_seconds == 7.0
+    )

@@ -64,12 +64,14 @@ def test_train_offline_then_eval(disk, tmp_path):
             "3",
             "--checkpoint-every",
             "2",
+            "--no-compile",
             *COMMON,
         ]
     )
     assert res.exit_code == 0, (res.output, res.exception)
     report = json.loads(res.stdout[res.stdout.index("{") :])
     assert report["optimizer_steps"] == 3 and len(report["train"]["acc"]) == 2
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["compile"] is False
     assert (tmp_path / "run" / "draft" / "model.safetensors").exists()
     assert json.loads((tmp_path / "run" / "latest.json").read_text())["optimizer_step"] == 3
     # resuming a finished run reads its stored config and does no further step

@@ -309,3 +309,38 @@ def test_online_packing_refuses_a_sliding_window_shorter_than_its_rows(token_rec
     with pytest.raises(ConfigError, match="sliding_window=16") as err:
         side.prepare(rows, fetch_rows(records, rows), torch.device("cpu"))
     assert "max_length <= 16" in str(err.value)
+
+
+def test_compiled_draft_forward_trains_the_same_weights(
+    tiny_target, tiny_contract, captured_records, tmp_path, monkeypatch
+):
+    """compile=True runs each TTT step's draft forward through torch.compile (dynamic shapes, no
+    graph breaks); training ends at the same weights as eager. aot_eager: dynamo and AOT autograd
+    as on the GPU, without inductor's C++ toolchain on a CPU runner."""
+    from torch._dynamo.utils import counters
+
+    import eaglewire.train.objective as objective
+
+    monkeypatch.setattr(objective, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = replace(FAST, epochs=1, max_steps=3)
+    weights = {}
+    for compiled in (False, True):
+        draft = init_draft(tiny_target, tiny_contract, seed=0)
+        train(
+            replace(cfg, compile=compiled),
+            draft,
+            tiny_contract,
+            captured_records,
+            offline(tiny_target, tiny_contract, draft),
+            out_dir=tmp_path / f"compile-{compiled}",
+            progress=False,
+        )
+        weights[compiled] = {k: v.clone() for k, v in draft.state_dict().items()}
+    assert counters["stats"]["unique_graphs"] >= cfg.ttt_steps  # it did compile: a graph per step
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    for name, eager in weights[False].items():
+        torch.testing.assert_close(weights[True][name], eager, rtol=1e-4, atol=1e-5, msg=name)
+    with pytest.raises(ConfigError, match="compile=True with parallel='fsdp'"):
+        replace(cfg, compile=True, parallel="fsdp")

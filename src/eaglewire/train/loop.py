@@ -41,7 +41,7 @@ from eaglewire.draft.io import check_draft_matches_contract, save_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_groups, record_lengths, split_for_rank
+from eaglewire.train.batches import RecordSource, Row, plan_groups, record_lengths
 from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import (
@@ -56,10 +56,11 @@ from eaglewire.train.distributed import (
 )
 from eaglewire.train.evaluate import EvalResult, eval_rows, evaluate_model
 from eaglewire.train.loss import NUM_COUNTS, StepCounts
-from eaglewire.train.objective import TTTObjective, autocast_for, batch_step_rows
+from eaglewire.train.objective import TTTObjective, autocast_for
 from eaglewire.train.reporting import MetricsSink, Progress
 from eaglewire.train.schedule import build_optimizer, lr_at, set_lr, trainable_parameters
-from eaglewire.train.target_side import TargetSide, TrainInputs, check_data_contract, check_dataset_identity
+from eaglewire.train.step_inputs import StepInputs, next_group, prepare_step
+from eaglewire.train.target_side import TargetSide, check_data_contract, check_dataset_identity
 from eaglewire.train.ttt import StepRows
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,6 @@ log = logging.getLogger(__name__)
 DRAFT_DIR = "draft"
 SUMMARY_FILE = "train_summary.json"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-@dataclass
-class _Prepared:
-    """One optimizer step's inputs on this process: group `group` of epoch `epoch`."""
-
-    epoch: int
-    group: int
-    micro: list[list[Row]]  # the micro-batches' rows
-    inputs: list[TrainInputs]
-    plans: list[StepRows]
 
 
 @dataclass
@@ -196,35 +186,26 @@ class Trainer:
         n = torch.tensor(local, dtype=torch.float64).to(self.ctx.device, non_blocking=True)
         return all_reduce_sum(n, self.ctx)
 
-    def _prepare(self, epoch: int, index: int) -> _Prepared:
-        """The inputs of this process's micro-batches of group `index` of `epoch` (the target's
-        forwards are launched, not waited for)."""
-        cfg, ctx = self.cfg, self.ctx
-        micro = split_for_rank(
-            self.plans[epoch][index],
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            batch_size=cfg.batch_size,
-            accum=cfg.grad_accum_steps,
+    def _prepare(self, epoch: int, index: int) -> StepInputs:
+        return prepare_step(
+            self.plans[epoch],
+            epoch,
+            index,
+            data=self.data,
+            target_side=self.target_side,
+            cfg=self.cfg,
+            ctx=self.ctx,
         )
-        inputs = [self.target_side.prepare(rows, fetch_rows(self.data, rows), ctx.device) for rows in micro]
-        plans = [batch_step_rows(inp.batch, cfg.ttt_steps) for inp in inputs]
-        return _Prepared(epoch, index, micro, inputs, plans)
 
     def _upcoming(self) -> tuple[int, int] | None:
         """(epoch, group) of the optimizer step after the current one, None when this is the last."""
         if self.step + 1 >= self.total_steps:
             return None
-        if self.group + 1 < len(self.plans[self.epoch]):
-            return self.epoch, self.group + 1
-        nxt = self.epoch + 1
-        while nxt < self.cfg.epochs and not self.plans[nxt]:
-            nxt += 1
-        return (nxt, 0) if nxt < self.cfg.epochs else None
+        return next_group(self.plans, self.epoch, self.group)
 
     def _train_step(
-        self, prepared: _Prepared, upcoming: tuple[int, int] | None = None
-    ) -> tuple[dict[str, Any], float, int, _Prepared | None]:
+        self, prepared: StepInputs, upcoming: tuple[int, int] | None = None
+    ) -> tuple[dict[str, Any], float, int, StepInputs | None]:
         """One optimizer step on `prepared`; with `upcoming`, also prepares that step's inputs while
         this one still runs on the device, and returns them."""
         cfg, ctx = self.cfg, self.ctx
@@ -362,7 +343,7 @@ class Trainer:
         bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main)
         last: dict[str, Any] = {}
         tokens_run, time_run = 0, 0.0
-        prepared: _Prepared | None = None  # the current step's inputs, prepared during the last step
+        prepared: StepInputs | None = None  # the current step's inputs, prepared during the last step
         started = perf_counter()
         try:
             while self.step < self.total_steps and self.epoch < cfg.epochs:

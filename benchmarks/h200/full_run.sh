@@ -162,25 +162,22 @@ do_draft_speed() {
   timeout "${DRAFT_SPEED_TIMEOUT_S:-120}" "$PY" benchmarks/draft_speed.py "${tiny[@]}" --out "$out"
 }
 
-do_loop_profile() { # wall vs kernel time per decoding step: speculative rounds, batched plain decoding
-  local out="$results/loop_profile.json"
-  [ -f "$out" ] && { say "loop profile results exist: $out"; return 0; }
+# profile NAME TIMEOUT_S LINES: run benchmarks/NAME.py once (skipped when its JSON exists), keeping
+# the last LINES lines of its output in NAME.txt beside the JSON.
+profile() {
+  local name=$1 timeout_s=$2 lines=$3 out="$results/$1.json"
+  [ -f "$out" ] && { say "$name results exist: $out"; return 0; }
   local tiny=()
   [ "$TINY" = 1 ] && tiny=(--tiny)
-  timeout "${LOOP_PROFILE_TIMEOUT_S:-420}" "$PY" benchmarks/loop_profile.py "${tiny[@]}" --out "$out" 2>&1 \
-    | grep -v USDT | tail -n 20 | tee "$results/loop_profile.txt"
+  timeout "$timeout_s" "$PY" "benchmarks/$name.py" "${tiny[@]}" --out "$out" 2>&1 \
+    | grep -v USDT | tail -n "$lines" | tee "$results/$name.txt"
   return "${PIPESTATUS[0]}"
 }
 
-do_train_profile() { # where a training step's time goes (target side, forward, backward, update)
-  local out="$results/train_profile.json"
-  [ -f "$out" ] && { say "train profile results exist: $out"; return 0; }
-  local tiny=()
-  [ "$TINY" = 1 ] && tiny=(--tiny)
-  timeout "${TRAIN_PROFILE_TIMEOUT_S:-300}" "$PY" benchmarks/train_profile.py "${tiny[@]}" --out "$out" 2>&1 \
-    | grep -v USDT | tail -n 40 | tee "$results/train_profile.txt"
-  return "${PIPESTATUS[0]}"
-}
+# wall vs kernel time per decoding step: speculative rounds, batched plain decoding
+do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 20; }
+# where a training step's time goes (target side, forward, backward, update), eager and compiled
+do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40; }
 
 do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA)
   timeout "${GPU_TESTS_TIMEOUT_S:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -n 15 \

@@ -78,17 +78,20 @@ def hooked_states(model: nn.Module, keys: Sequence[StateKey]) -> Iterator[dict[S
             h.remove()
 
 
+def mla_modules(model: nn.Module) -> list[Any]:
+    """The multi-head latent attention modules (DeepSeek-V3) whose K/V groups `mla_heads_fixed` sets."""
+    return [
+        m for m in model.modules() if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
+    ]
+
+
 @contextmanager
-def mla_heads_fixed(model: nn.Module) -> Iterator[None]:
+def mla_heads_fixed(modules: Sequence[Any]) -> Iterator[None]:
     """transformers' multi-head latent attention (DeepSeek-V3) expands K/V to all query heads
     itself, yet its path for a custom attention mask repeats them again by `num_key_value_groups`
     when a config has num_key_value_heads < num_attention_heads (a shape error). Inside the block
-    the groups of such modules are 1; nothing changes for other architectures."""
-    saved: list[tuple[Any, int]] = [
-        (m, int(getattr(m, "num_key_value_groups", 1)))
-        for m in model.modules()
-        if hasattr(m, "expand_kv") and getattr(m, "num_key_value_groups", 1) != 1
-    ]
+    the groups of `modules` (`mla_modules(model)`) are 1; other architectures have none."""
+    saved = [(m, int(m.num_key_value_groups)) for m in modules]
     for m, _ in saved:
         m.num_key_value_groups = 1
     try:
@@ -131,7 +134,7 @@ def capture(
     final_key = StateKey(final.boundary, final.norm)
     keys = list(dict.fromkeys([*aux_keys, final_key]))
     # each batch has its own shape: no per-shape cuDNN plans
-    with hooked_states(model, keys) as store, varying_shape_attention(), mla_heads_fixed(model):
+    with hooked_states(model, keys) as store, varying_shape_attention(), mla_heads_fixed(mla_modules(model)):
         out = _run(model, input_ids, attention_mask, position_ids, return_logits)
     aux = torch.cat([store[k] for k in aux_keys], dim=-1)  # [B, T, A*Ht]
     return CapturedStates(aux=aux, final=store[final_key], logits=out.logits if return_logits else None)

@@ -150,6 +150,7 @@ class OnlineTarget:
         )
         self.d2t = draft_to_target.to(target.device)
         self.t2d = target_to_draft(self.d2t, target.vocab_size)
+        self.sliding_window = sliding_window_of(target.model.config)
 
     @property
     def data_contract(self) -> Contract:
@@ -162,7 +163,7 @@ class OnlineTarget:
     @torch.no_grad()
     def prepare(self, rows: Sequence[Row], records: Sequence[Any], device: torch.device) -> TrainInputs:
         batch = assemble(rows, records)
-        window = sliding_window_of(self.target.model.config)
+        window = self.sliding_window
         if window is not None and batch.input_ids.shape[1] > window:
             # a custom mask replaces transformers' own, window included
             raise ConfigError(

@@ -15,7 +15,7 @@ import torch
 from eaglewire.contract.fingerprint import StateKey
 from eaglewire.engine.interfaces import TargetForward
 from eaglewire.errors import ConfigError, expected_actual
-from eaglewire.target.capture import hooked_states, mla_heads_fixed
+from eaglewire.target.capture import hooked_states, mla_heads_fixed, mla_modules
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.runner import check_boundaries
 
@@ -45,6 +45,7 @@ class GenericTargetRunner:
         self.eos_token_ids = target.eos_token_ids
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
+        self._mla = mla_modules(self.model)  # found once: every forward needs them
         self._ids: list[torch.Tensor] = []
         self._pos: list[torch.Tensor] = []
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -109,7 +110,7 @@ class GenericTargetRunner:
         neg = torch.finfo(self.dtype).min
         mask = torch.zeros(B, 1, T, T, dtype=self.dtype, device=dev).masked_fill(~allowed[:, None], neg)
         aux_keys = [StateKey(b, "pre") for b in self.aux_boundaries]
-        with mla_heads_fixed(self.model), hooked_states(self.model, list(dict.fromkeys(aux_keys))) as store:
+        with mla_heads_fixed(self._mla), hooked_states(self.model, list(dict.fromkeys(aux_keys))) as store:
             out = self.model(input_ids=full_ids, position_ids=full_pos, attention_mask=mask, use_cache=False)
         gather = torch.tensor(lens, device=dev)[:, None] + torch.arange(N, device=dev)  # [B, N]
 

@@ -108,13 +108,9 @@ def _run(
     position_ids: torch.Tensor | None,
     logits: bool,
 ) -> Any:
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
-    if position_ids is not None:
-        kwargs["position_ids"] = position_ids
-    if logits:
-        return model(**kwargs)
     # The base model skips the lm_head: capture without logits costs no [B, T, V] matmul.
-    return model.model(**kwargs)
+    run = model if logits else model.model
+    return run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
 
 
 @torch.no_grad()

@@ -27,12 +27,12 @@ from __future__ import annotations
 import logging
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import cast
 
 import torch
 
 from eaglewire.draft.model import DraftOutput, Eagle3Draft
+from eaglewire.engine.beam import CandidatePool, Frontier, top_k
 from eaglewire.engine.draft_cache import INITIAL_CACHE_ROWS, DraftCache
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
@@ -44,71 +44,6 @@ from eaglewire.target.runtime.kv_cache import kv_bucket
 log = logging.getLogger(__name__)
 
 TOP_K_ROUND = SamplingParams()  # what a graphed round is built with (see Drafter._capture_tree)
-TOPK_CHUNK = 128  # top_k's first pass picks candidates inside chunks of this many entries
-
-
-def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, V] -> (values [R, k], indices [R, k]), largest first, as `x.topk(k)`.
-
-    torch.topk gives each row one thread block, which walks a 16k-entry row in several radix
-    passes (~60 us per call on an H200, 5-6 calls per round). Here k = 1 is a max, and larger k
-    takes the top k of each TOPK_CHUNK-entry chunk (many small blocks) and then the top k of
-    those candidates: the overall top k are always among them."""
-    R, V = x.shape
-    if k == 1:
-        values, ids = x.max(dim=-1, keepdim=True)
-        return values, ids
-    if V % TOPK_CHUNK or V < 4 * TOPK_CHUNK or k > TOPK_CHUNK:
-        top = x.topk(k, dim=-1)
-        return top.values, top.indices
-    chunks = x.view(R, V // TOPK_CHUNK, TOPK_CHUNK).topk(k, dim=-1)  # [R, C, k] each
-    offsets = torch.arange(0, V, TOPK_CHUNK, device=x.device)[None, :, None]  # [1, C, 1]
-    candidates = (chunks.indices + offsets).view(R, -1)  # [R, C*k] indices into V
-    best = chunks.values.view(R, -1).topk(k, dim=-1)  # [R, k] over the candidates
-    return best.values, candidates.gather(-1, best.indices)
-
-
-@dataclass
-class _Pool:
-    """Every candidate drafted this round, in creation order (a parent before its children)."""
-
-    tokens: list[torch.Tensor] = field(default_factory=list)  # target ids
-    scores: list[torch.Tensor] = field(default_factory=list)  # cumulative draft log-probabilities
-    parents: list[torch.Tensor] = field(default_factory=list)  # pool index of the parent, -1 = root
-    depths: list[torch.Tensor] = field(default_factory=list)
-    q: list[torch.Tensor] = field(default_factory=list)  # sampled chains: the distribution drawn from
-    size: int = 0
-
-    def add(
-        self,
-        tokens: torch.Tensor,
-        scores: torch.Tensor,
-        parents: torch.Tensor,
-        *,
-        depth: int,
-        q: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Append candidates; return their pool indices."""
-        self.tokens.append(tokens)
-        self.scores.append(scores)
-        self.parents.append(parents)
-        self.depths.append(torch.full_like(parents, depth))
-        if q is not None:
-            self.q.append(q)
-        index = torch.arange(self.size, self.size + tokens.shape[0], device=tokens.device)
-        self.size += tokens.shape[0]
-        return index
-
-
-@dataclass
-class _Frontier:
-    """The beam: the K best nodes of the deepest level, about to be fed as draft rows."""
-
-    index: torch.Tensor  # [K] pool indices
-    scores: torch.Tensor  # [K] cumulative log-probabilities
-    tokens: torch.Tensor  # [K] target ids
-    hidden: torch.Tensor  # [1, K, H] each node's input hidden: its parent row's output
-    sees: torch.Tensor  # [K, R] which of the R tree rows already in the cache are its ancestors
 
 
 class Drafter:
@@ -334,11 +269,11 @@ class Drafter:
     ) -> DraftTree:
         """num_steps - 1 draft forwards of the beam, then EAGLE-2 selection (see the module doc)."""
         K = self.spec.topk
-        pool = _Pool()
+        pool = CandidatePool()
         ids, logp, q = self._children(last_logits[None], sampling, generator)  # [1, K] each
         tokens = self.draft_to_target[ids[0]]  # [K] target ids
         no_parent = torch.full((K,), -1, device=self.device)
-        frontier = _Frontier(
+        frontier = Frontier(
             index=pool.add(tokens, logp[0], no_parent, depth=1, q=q),
             scores=logp[0],
             tokens=tokens,
@@ -353,7 +288,7 @@ class Drafter:
             row = self._beam_rows  # [K*K] frontier row of each child
             index = pool.add(tokens, scores, frontier.index[row], depth=depth + 1, q=q)
             best = torch.sort(scores, descending=True, stable=True).indices[:K]  # the next beam
-            frontier = _Frontier(
+            frontier = Frontier(
                 index=index[best],
                 scores=scores[best],
                 tokens=tokens[best],
@@ -362,7 +297,7 @@ class Drafter:
             )
         return self._select(pool)
 
-    def _feed(self, frontier: _Frontier, depth: int, window: int) -> tuple[DraftOutput, torch.Tensor]:
+    def _feed(self, frontier: Frontier, depth: int, window: int) -> tuple[DraftOutput, torch.Tensor]:
         """Run the frontier (nodes of depth `depth`) as K new rows after this round's R earlier tree
         rows; each sees the committed rows, its ancestors' rows and itself. Returns the output
         and the tree rows each new row sees [K, R+K]."""
@@ -378,7 +313,7 @@ class Drafter:
         out = self._forward(frontier.tokens[None], frontier.hidden, positions, kv=self.cache, mask=mask)
         return out, sees
 
-    def _select(self, pool: _Pool) -> DraftTree:
+    def _select(self, pool: CandidatePool) -> DraftTree:
         """EAGLE-2 reranking: the best num_draft_tokens - 1 candidates, under the root."""
         scores = torch.cat(pool.scores)
         kept, parents = select_nodes(scores, torch.cat(pool.parents), self.spec.num_draft_tokens - 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.engine.drafting import TOPK_CHUNK, top_k
+from eaglewire.engine.beam import TOPK_CHUNK, top_k
 from eaglewire.engine.tree import tree_from_parents
 from eaglewire.engine.verify import greedy_path, greedy_paths, verdict_from_path, verify_greedy
 

@@ -8,8 +8,8 @@ path order, to lengths[b] .. lengths[b]+n-1 for every layer at once, then advanc
 Everything stays on the device: no host synchronisation.
 
 The host keeps an upper bound of each row's length (exact after `sync_lengths`, or when the
-accepted counts are given as CPU tensors) to pick how many cache slots a forward attends to and
-to check capacity without reading the device.
+accepted counts are given as CPU tensors, or tightened by a bound the caller knows) to pick how
+many cache slots a forward attends to and to check capacity without reading the device.
 """
 
 from __future__ import annotations
@@ -92,8 +92,11 @@ class StaticKVCache:
         self._upper = self.lengths.to("cpu")
         return self.max_length_upper()
 
-    def check_room(self, num_new: int) -> int:
-        """Raise when `num_new` more tokens may not fit; returns max(lengths)+num_new (a bound)."""
+    def check_room(self, num_new: int, length_bound: int | None = None) -> int:
+        """Raise when `num_new` more tokens may not fit; returns max(lengths)+num_new (a bound).
+        length_bound: the caller's own upper bound on every row's length, which tightens the host's."""
+        if length_bound is not None:
+            self._upper = self._upper.clamp(max=length_bound)
         need = self.max_length_upper() + num_new
         if need > self.capacity:
             need = self.sync_lengths() + num_new

@@ -176,22 +176,26 @@ class FastTargetRunner:
         *,
         logits_at: torch.Tensor | None = None,
         greedy: bool = False,
+        length_bound: int | None = None,
     ) -> TargetForward:
         """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal); logits_at [B]
         (optional, additive to the protocol): logits only at that new-token index of each row,
         shape [B, 1, V]; greedy (additive too): also verify the tree greedily (`TargetForward.greedy`,
-        inside the CUDA graph when one runs). Never reads the device from the host."""
+        inside the CUDA graph when one runs); length_bound (additive too): an upper bound on every
+        row's committed length that the caller knows (a loop that reads verdicts a round late): it
+        tightens the host's bound, which then picks the attended window alone (no host read of the
+        lengths; the mask still reads them on the device). Never waits for the device then."""
         B, N = self._check_inputs(input_ids, positions, tree_mask, logits_at)
         if greedy and logits_at is not None:
             raise ConfigError("forward: greedy verification needs every node's logits; drop logits_at")
-        need = self.cache.check_room(N)
+        need = self.cache.check_room(N, length_bound)
         self.cache.note_forward(N)
         self._last_num_new = N
         if tree_mask is None and self.cache.lengths_exact_zero():
             logits, aux = self._run(input_ids, positions, None, self.cache.lengths, None, logits_at)
             return _with_greedy(logits, aux, input_ids, tree_mask, greedy)
         window = kv_bucket(need, self.cache.capacity)
-        if window > self._last_window and self.use_graphs:
+        if window > self._last_window and self.use_graphs and length_bound is None:
             # a new bucket: tighten the host's bound once (one sync) so buckets stay small
             window = kv_bucket(self.cache.sync_lengths() + N, self.cache.capacity)
         self._last_window = window

@@ -36,7 +36,8 @@ from eaglewire.engine.beam import CandidatePool, Frontier, top_k
 from eaglewire.engine.draft_cache import INITIAL_CACHE_ROWS, DraftCache
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.engine.tree import DraftTree, root_only, select_nodes
+from eaglewire.engine.tree import DeviceRoot, DraftTree, root_only, select_nodes
+from eaglewire.engine.verify import DeviceVerdict
 from eaglewire.errors import ConfigError
 from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import kv_bucket
@@ -54,6 +55,10 @@ class Drafter:
     CUDA every extend of a few rows and every tree runs as one replayed CUDA graph per (rows,
     attended window) bucket; on CPU the same functions run eagerly (the path the tests pin).
     Sampled chains draw with a generator and always run eagerly.
+
+    A launch-ahead loop (`engine.pipelined`) enqueues the next round before it knows how many
+    drafts were accepted: `extend_verified` takes the accepted path from the device-side verdict
+    and `draft_tree_at` the root from the device, so the host holds only bounds there.
     """
 
     def __init__(
@@ -110,9 +115,10 @@ class Drafter:
         self._committed = torch.zeros(1, dtype=torch.long, device=self.device)  # device copy of `committed`
         self._root_token = torch.zeros(1, dtype=torch.long, device=self.device)
         self._root_position = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._accepted = torch.ones(1, dtype=torch.long, device=self.device)  # real rows of extend_verified
         # frontier row of each of the K*K children (built here: repeat_interleave may sync the host)
         self._beam_rows = torch.arange(spec.topk, device=self.device).repeat_interleave(spec.topk)
-        self.committed = 0  # cache rows that belong to accepted tokens
+        self.committed = 0  # cache rows that belong to accepted tokens (a bound after extend_verified)
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_logits: torch.Tensor | None = None  # [Vd] its logits
 
@@ -130,6 +136,7 @@ class Drafter:
             )
         n = tokens.shape[0]
         window = self._prepare(self.committed + n)
+        self._committed.fill_(self.committed)
         aux = aux.to(device=self.device, dtype=self.dtype)
         tokens = tokens.to(self.device, non_blocking=True)
         replayed = None
@@ -149,6 +156,41 @@ class Drafter:
         self.last_hidden, self.last_logits = hidden, logits
 
     @torch.no_grad()
+    def extend_verified(self, aux: torch.Tensor, verdict: DeviceVerdict, start_position: int) -> None:
+        """`extend` by a verification's accepted rows while only the device knows how many: aux
+        [N, A*Ht] the verify forward's states for its N nodes; verdict its greedy verdict (path and
+        tokens in P slots, the first `count` real); start_position the round's root position.
+
+        All P rows are fed (one graph per window serves every count) and the last real one gives
+        the outputs; rows past it are provisional, like tree rows. Afterwards `committed` is only a
+        host bound (start + P): the true count goes on in the next `DeviceRoot`."""
+        if start_position > self.committed:
+            raise ValueError(
+                f"draft rows must be contiguous: at most {self.committed} rows are committed, "
+                f"got start {start_position}"
+            )
+        P = verdict.path.shape[0]
+        window = self._prepare(start_position + P)
+        self._committed.fill_(start_position)
+        self._accepted.copy_(verdict.count)
+        aux = aux.to(device=self.device, dtype=self.dtype)
+        N, width = aux.shape
+        replayed = self._replay(
+            ("extend_verified", N, P, window),
+            lambda: {
+                "aux": torch.zeros(N, width, dtype=self.dtype, device=self.device),
+                "path": torch.zeros(P, dtype=torch.long, device=self.device),
+                "tokens": torch.zeros(P, dtype=torch.long, device=self.device),
+            },
+            lambda inp: self._extend_path(inp["aux"], inp["path"], inp["tokens"], window),
+            {"aux": aux, "path": verdict.path, "tokens": verdict.emitted},
+        )
+        if replayed is None:
+            replayed = self._extend_path(aux, verdict.path, verdict.emitted, window)
+        self.committed = start_position + P
+        self.last_hidden, self.last_logits = replayed
+
+    @torch.no_grad()
     def draft_tree(
         self,
         root_token: int,
@@ -161,8 +203,27 @@ class Drafter:
         if self.last_hidden is None or self.last_logits is None:
             return root_only(root_token, self.device)  # nothing to draft from yet (one-token prompt)
         window = self._prepare(self.committed + self.tree_rows)
+        self._committed.fill_(self.committed)
         self._root_token.fill_(root_token)
         self._root_position.fill_(root_position)
+        return self._draft(window, sampling, generator)
+
+    @torch.no_grad()
+    def draft_tree_at(self, root: DeviceRoot) -> DraftTree:
+        """`draft_tree` (greedy: top-k candidates) from a root only the device knows yet; every
+        accepted token before the root has its row, so the root's position is the committed count.
+        Nothing is read from the host; the window comes from the root's position bound."""
+        if self.last_hidden is None or self.last_logits is None:
+            return root_only(root.token, self.device)
+        window = self._prepare(root.position_bound + self.tree_rows)
+        self._committed.copy_(root.position)
+        self._root_token.copy_(root.token)
+        self._root_position.copy_(root.position)
+        return self._draft(window, TOP_K_ROUND, None)
+
+    def _draft(self, window: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
+        """A round from the published root and committed count: the graphed round, or eagerly."""
+        assert self.last_hidden is not None and self.last_logits is not None
         replayed = None
         if not (self.spec.is_chain and not sampling.greedy):
             hidden_shape = tuple(self.last_hidden.shape)
@@ -235,19 +296,18 @@ class Drafter:
 
     # -- device work (graph-capturable: no host reads, no allocation that depends on device values) --
     def _prepare(self, rows: int) -> int:
-        """Room for `rows` cache rows; publish `committed` to the device; return the attended window."""
+        """Room for `rows` cache rows; return the attended window (the caller publishes `_committed`)."""
         if self.cache.ensure(rows):
             self._slots = torch.arange(self.cache.capacity, device=self.device)
             if self._graphs is not None:
                 self._graphs.clear()  # captured graphs point at the old buffers
-        self._committed.fill_(self.committed)
         return kv_bucket(rows, self.cache.capacity)
 
     def _extend_rows(
-        self, aux: torch.Tensor, tokens: torch.Tensor, window: int
+        self, aux: torch.Tensor, tokens: torch.Tensor, window: int, last: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Commit n rows at cache slots committed.. (a row's slot is its position) -> (hidden of the
-        last row [1, 1, H], its logits [Vd] float32)."""
+        last row, or of row `last` [1] (device), [1, 1, H]; its logits [Vd] float32)."""
         n = tokens.shape[0]
         positions = self._committed + self._slots[:n]  # [n]
         self.cache.write(positions, window)
@@ -256,8 +316,15 @@ class Drafter:
         out = self._forward(
             tokens[None], hidden, positions[None], kv=self.cache, mask=mask, compute_logits=False
         )
-        last = out.hidden[:, -1:]  # [1, 1, H]
-        return last, self.draft.compute_logits(last)[0, 0].float()
+        kept = out.hidden[:, -1:] if last is None else out.hidden.index_select(1, last)  # [1, 1, H]
+        return kept, self.draft.compute_logits(kept)[0, 0].float()
+
+    def _extend_path(
+        self, aux: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, window: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """extend_verified's device work: aux [N, A*Ht] gathered along path [P], paired with tokens
+        [P]; the outputs are row `_accepted` - 1's."""
+        return self._extend_rows(aux.index_select(0, path), tokens, window, last=self._accepted - 1)
 
     def _draft_rows(
         self,

@@ -48,6 +48,11 @@ class DraftTree:
     def num_nodes(self) -> int:
         return int(self.tokens.shape[0])
 
+    @property
+    def max_path_nodes(self) -> int:
+        """The most nodes an accepted path can have, root included: a bound known on the host."""
+        return min(self.depth_limit + 1, self.num_nodes)
+
     def positions(self, root_position: int) -> torch.Tensor:
         """[N] absolute positions: the root at `root_position`, each node one deeper than its parent."""
         return self.depths + root_position
@@ -67,8 +72,20 @@ class DraftTree:
         return kids
 
 
-def root_only(root_token: int, device: torch.device | str = "cpu") -> DraftTree:
-    """The tree of plain decoding: just the root (verification then emits the target's next token)."""
+@dataclass(frozen=True)
+class DeviceRoot:
+    """The next round's root while only the device knows it (a launch-ahead loop has not read the
+    verdict that decides it yet): token and position [1] int64 on the device, and a host upper
+    bound on the position (to size caches and pick windows; masks read the true position)."""
+
+    token: torch.Tensor
+    position: torch.Tensor
+    position_bound: int
+
+
+def root_only(root_token: int | torch.Tensor, device: torch.device | str = "cpu") -> DraftTree:
+    """The tree of plain decoding: just the root (verification then emits the target's next token).
+    root_token: an id, or a [1] tensor on `device` (a `DeviceRoot`'s)."""
     zero = torch.zeros(1, dtype=torch.long, device=device)
     return DraftTree(tokens=zero + root_token, parents=zero - 1, depths=zero, depth_limit=0)
 

@@ -75,15 +75,39 @@ def greedy_path(tree: DraftTree, target_logits: torch.Tensor) -> torch.Tensor:
 
 def verdict_from_path(packed: torch.Tensor) -> Verdict:
     """packed [1 + 2N] (`greedy_paths`, one row) -> Verdict: one host read for the whole tree."""
+    verdict = verdict_from_values(packed.tolist())
+    n = len(verdict.path)
     N = (packed.shape[0] - 1) // 2
-    values = packed.tolist()
+    verdict.path_device, verdict.emitted_device = packed[1 : 1 + n], packed[1 + N : 1 + N + n]
+    return verdict
+
+
+def verdict_from_values(values: list[int]) -> Verdict:
+    """One `greedy_paths` row read to the host ([1 + 2N] ints) -> Verdict (host lists only)."""
+    N = (len(values) - 1) // 2
     n = values[0]
-    return Verdict(
-        path=values[1 : 1 + n],
-        emitted=values[1 + N : 1 + N + n],
-        path_device=packed[1 : 1 + n],
-        emitted_device=packed[1 + N : 1 + N + n],
-    )
+    return Verdict(path=values[1 : 1 + n], emitted=values[1 + N : 1 + N + n])
+
+
+@dataclass(frozen=True)
+class DeviceVerdict:
+    """A greedy verdict the host has not read yet: views of one `greedy_paths` row [1 + 2N], its
+    path cut to the P slots that can be real (`DraftTree.max_path_nodes`), so that the next round
+    can be launched from it with shapes the host knows."""
+
+    packed: torch.Tensor  # [1 + 2N] the whole row (what the host reads later)
+    count: torch.Tensor  # [1] n: accepted path nodes, root included = tokens emitted
+    path: torch.Tensor  # [P] path nodes, root first; from slot n on, other nodes (padding)
+    emitted: torch.Tensor  # [P] the target's token after each of them; the first n are emitted
+
+    @classmethod
+    def of(cls, packed: torch.Tensor, max_path_nodes: int) -> DeviceVerdict:
+        N, P = (packed.shape[0] - 1) // 2, max_path_nodes
+        return cls(packed, packed[:1], packed[1 : 1 + P], packed[1 + N : 1 + N + P])
+
+    def bonus(self) -> torch.Tensor:
+        """[1] the last emitted token: the next round's root."""
+        return self.emitted.index_select(0, self.count - 1)
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:

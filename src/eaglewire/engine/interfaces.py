@@ -10,8 +10,9 @@ comes out of verification for free.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import torch
 
@@ -66,3 +67,36 @@ def commit_leading(runner: TargetRunner, counts: torch.Tensor, width: int) -> No
     else:
         B = counts.shape[0]
         runner.commit(torch.arange(width).expand(B, width), counts)
+
+
+class LaunchAheadRunner(TargetRunner, Protocol):
+    """A runner a round can be enqueued on before the last verdict is read (`engine.pipelined`): it
+    verifies greedily inside its forward, and takes the caller's bound on the committed lengths
+    instead of reading them (so choosing a window never waits for the device)."""
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+        *,
+        greedy: bool = False,
+        length_bound: int | None = None,
+    ) -> TargetForward: ...
+
+    def commit_prefix(self, num_accepted: torch.Tensor) -> None: ...
+
+
+def can_launch_ahead(runner: TargetRunner) -> TypeGuard[LaunchAheadRunner]:
+    """Whether `runner` offers what `LaunchAheadRunner` names (the fast runtime does; the HF and
+    generic runners, which recompute on the host's schedule, do not)."""
+    params = inspect.signature(runner.forward).parameters
+    return (
+        "greedy" in params
+        and "length_bound" in params
+        and hasattr(runner, "commit_prefix")
+        and isinstance(getattr(runner, "max_seq_len", None), int)
+    )

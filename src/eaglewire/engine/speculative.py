@@ -13,6 +13,14 @@ Without a draft the tree is the root alone and the loop is plain decoding on the
               draft.extend(fwd.aux[path], emitted)              rows for the accepted tokens
               target.commit(path); emit verdict tokens; stop?   eos / stop string / max tokens
               root   = bonus
+
+Two loops run these rounds, chosen in one place (`speculative_generate`):
+  - launch-ahead (`engine.pipelined`): greedy on a runner that verifies inside its forward and
+    takes a length bound (`can_launch_ahead`; the fast runtime). Round k+1 is enqueued from
+    round k's device-side verdict before the host reads it; bookkeeping runs a round late.
+  - lockstep (`_lockstep_rounds`, below): everything else (sampling decides on the host; the HF
+    and generic runners). Each round waits for its verdict before the next is enqueued.
+Both emit the same tokens and the same per-round traces.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.interfaces import TargetRunner, commit_leading
+from eaglewire.engine.interfaces import TargetRunner, can_launch_ahead, commit_leading
+from eaglewire.engine.pipelined import launch_ahead_rounds
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.tree import root_only
 from eaglewire.engine.verify import StopRule, Verdict, verdict_from_path, verify
+from eaglewire.errors import ConfigError
 
 
 @dataclass
@@ -37,6 +47,7 @@ class DecodeTrace:
     accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
     emitted_per_round: list[int] = field(default_factory=list)  # tokens it produced, bonus included
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    loop: str = "lockstep"  # "lockstep" | "launch_ahead": which round loop ran (module doc)
 
     @property
     def num_verifications(self) -> int:
@@ -79,10 +90,14 @@ def speculative_generate(
     stop: StopRule,
     verify_generator: torch.Generator | None = None,
     draft_generator: torch.Generator | None = None,
+    launch_ahead: bool | None = None,
 ) -> DecodeTrace:
-    """Generate after `prompt_ids` (>= 1 token). `drafter=None` decodes plainly on the same runner."""
+    """Generate after `prompt_ids` (>= 1 token). `drafter=None` decodes plainly on the same runner.
+    launch_ahead: None = whenever greedy decoding on this runner allows it; False = lockstep;
+    True = launch-ahead or a ConfigError."""
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: at least one token is needed")
+    ahead = _use_launch_ahead(runner, sampling, launch_ahead)
     device = runner.device
     timers = PhaseTimers(enabled=True, device=device)
     runner.reset(1)
@@ -97,13 +112,59 @@ def speculative_generate(
             if drafter is not None:
                 drafter.extend(aux, torch.tensor(prompt_ids[1:]), start_position=0)
 
-    generated: list[int] = []
-    trace = DecodeTrace(token_ids=generated, finish_reason="max_new_tokens")
+    trace = DecodeTrace(token_ids=[], finish_reason="max_new_tokens")
+    root_position = len(prompt_ids) - 1
+    if ahead:
+        trace.loop = "launch_ahead"
+        launch_ahead_rounds(runner, drafter, root, root_position, stop, trace, timers)
+    else:
+        _lockstep_rounds(
+            runner,
+            drafter,
+            root,
+            root_position,
+            sampling,
+            stop,
+            trace,
+            timers,
+            verify_generator,
+            draft_generator,
+        )
+    trace.phase_seconds = timers.summary()
+    return trace
+
+
+def _use_launch_ahead(runner: TargetRunner, sampling: SamplingParams, requested: bool | None) -> bool:
+    possible = sampling.greedy and can_launch_ahead(runner)
+    if requested and not possible:
+        raise ConfigError(
+            "launch_ahead=True needs greedy sampling and a runner that verifies inside its forward "
+            f"and takes a length bound (the fast runtime); got {type(runner).__name__}, "
+            f"temperature={sampling.temperature}",
+            fix="launch_ahead=None picks the loop that applies",
+        )
+    return possible if requested is None else requested
+
+
+def _lockstep_rounds(
+    runner: TargetRunner,
+    drafter: Drafter | None,
+    root: int,
+    root_position: int,
+    sampling: SamplingParams,
+    stop: StopRule,
+    trace: DecodeTrace,
+    timers: PhaseTimers,
+    verify_generator: torch.Generator | None,
+    draft_generator: torch.Generator | None,
+) -> None:
+    """Rounds from the root (prefill done) until `stop`, each waiting for its verdict; fills `trace`."""
+    device = runner.device
+    generated = trace.token_ids
     # A runner that verifies greedily itself does it inside its verify forward (its CUDA graph).
     in_forward = sampling.greedy and "greedy" in inspect.signature(runner.forward).parameters
     extra = {"greedy": True} if in_forward else {}
     while True:
-        root_position = len(prompt_ids) + len(generated) - 1
         with timers.phase("draft"):
             if drafter is None:
                 tree = root_only(root, device)
@@ -140,7 +201,6 @@ def speculative_generate(
             generated.extend(kept)
         if finish is not None:
             trace.finish_reason = finish
-            break
+            return
         root = verdict.emitted[-1]
-    trace.phase_seconds = timers.summary()
-    return trace
+        root_position += len(verdict.emitted)

@@ -15,12 +15,14 @@ Without a draft the tree is the root alone and the loop is plain decoding on the
               root   = bonus
 
 Two loops run these rounds, chosen in one place (`speculative_generate`):
-  - launch-ahead (`engine.pipelined`): greedy on a runner that verifies inside its forward and
-    takes a length bound (`can_launch_ahead`; the fast runtime). Round k+1 is enqueued from
+  - launch-ahead (`engine.pipelined`): greedy on a CUDA runner that verifies inside its forward
+    and takes a length bound (`can_launch_ahead`; the fast runtime). Round k+1 is enqueued from
     round k's device-side verdict before the host reads it; bookkeeping runs a round late.
   - lockstep (`_lockstep_rounds`, below): everything else (sampling decides on the host; the HF
-    and generic runners). Each round waits for its verdict before the next is enqueued.
-Both emit the same tokens and the same per-round traces.
+    and generic runners; CPU, where nothing runs asynchronously to overlap). Each round waits
+    for its verdict before the next is enqueued.
+Both emit the same tokens and the same per-round traces (`launch_ahead=True` runs the first on
+CPU too: the tests pin it there).
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ def speculative_generate(
     launch_ahead: bool | None = None,
 ) -> DecodeTrace:
     """Generate after `prompt_ids` (>= 1 token). `drafter=None` decodes plainly on the same runner.
-    launch_ahead: None = whenever greedy decoding on this runner allows it; False = lockstep;
-    True = launch-ahead or a ConfigError."""
+    launch_ahead: None = on CUDA whenever greedy decoding on this runner allows it; False =
+    lockstep; True = launch-ahead (any device) or a ConfigError."""
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: at least one token is needed")
     ahead = _use_launch_ahead(runner, sampling, launch_ahead)
@@ -143,7 +145,9 @@ def _use_launch_ahead(runner: TargetRunner, sampling: SamplingParams, requested:
             f"temperature={sampling.temperature}",
             fix="launch_ahead=None picks the loop that applies",
         )
-    return possible if requested is None else requested
+    if requested is None:  # on CPU every op waits for itself: there is no idle device to fill
+        return possible and runner.device.type == "cuda"
+    return requested
 
 
 def _lockstep_rounds(

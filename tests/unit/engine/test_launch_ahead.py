@@ -156,7 +156,8 @@ def test_dispatch(tiny):
             runner, drafter, prompt, sampling=sampling, stop=stop, verify_generator=gen, **kw
         )
 
-    assert run(fast, GREEDY).loop == "launch_ahead"
+    assert run(fast, GREEDY).loop == "lockstep"  # CPU: nothing to overlap, so auto keeps lockstep
+    assert run(fast, GREEDY, launch_ahead=True).loop == "launch_ahead"
     assert run(fast, sampled).loop == "lockstep"  # sampled verification decides on the host
     assert run(hf, GREEDY).loop == "lockstep"  # the HF runner has no device-side verdict
     assert run(fast, GREEDY, launch_ahead=False).loop == "lockstep"
@@ -254,7 +255,9 @@ def test_host_bounds_hold_and_are_tight(tiny, trained, shape):
         slack.clear()
         drafter = Drafter(trained, spec, max_seq_len=256)
         stop = StopRule(max_new_tokens)
-        trace = speculative_generate(runner, drafter, tiny.prompts[0], sampling=GREEDY, stop=stop)
+        trace = speculative_generate(
+            runner, drafter, tiny.prompts[0], sampling=GREEDY, stop=stop, launch_ahead=True
+        )
         assert trace.loop == "launch_ahead"
         assert all(0 <= s < spec.num_steps + 1 for s in slack), slack
         assert len(slack) - trace.num_verifications <= 1  # at most the one round launched ahead

@@ -4,7 +4,10 @@ Two loops on the reference target (SmolLM2-135M-Instruct, bf16):
 
 * speculative rounds at batch 1 (`speculative_generate`): plain (root-only trees on the same
   runner), a chain of 5 and a 6x4x16 tree, with a random-weight draft of the target's shape
-  (acceptance does not matter here: every round drafts, verifies and commits the same amount);
+  (acceptance does not matter here: every round drafts, verifies and commits the same amount),
+  each with both round loops: lockstep (the host reads each verdict before it enqueues the next
+  round) and launch-ahead (`engine.pipelined`: the next round is enqueued first), ending with a
+  table of wall ms per round side by side and whether the two loops produced the same tokens;
 * batched plain generation (`generate_plain_with_stats`, what regeneration runs) at several
   batch sizes, every row running to `--new-tokens` (no eos), first call (captures graphs) and
   second call (warm);
@@ -21,6 +24,7 @@ forward's CUDA graph with its host read, as the loop now runs it), a chain-5 and
 round, and an extend of 3 rows. When the host is slower than the GPU the two agree.
 
     python benchmarks/loop_profile.py --out loop_profile.json          # on a GPU
+    python benchmarks/loop_profile.py --rounds-only                    # the round loops alone
     python benchmarks/loop_profile.py --tiny                           # CPU check of this script
 """
 
@@ -88,7 +92,12 @@ def random_draft(target: LoadedTarget, vd: int) -> Eagle3Draft:
     return draft.to(device=target.device, dtype=target.dtype).eval()
 
 
+ROUND_LOOPS = (("lockstep", False), ("launch-ahead", True))
+
+
 def speculative_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each setting with both round loops on one runner and one drafter (warm-up first: graph
+    captures and compiles for every window bucket the prompt reaches, for each loop)."""
     dev = target.device
     runner = make_runner(target, default_boundaries(target.num_layers), "auto", max_seq_len=1024)
     draft = random_draft(target, args.vd)
@@ -103,32 +112,61 @@ def speculative_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dic
     ]
     for name, spec in settings:
         drafter = None if spec is None else Drafter(draft, spec, max_seq_len=1024)
-        rounds: list[int] = []
+        tokens: dict[str, list[int]] = {}
+        for loop, ahead in ROUND_LOOPS:
+            traces: list[Any] = []
 
-        def run(drafter: Drafter | None = drafter, rounds: list[int] = rounds) -> None:
-            trace = speculative_generate(
-                runner, drafter, prompt, sampling=greedy, stop=StopRule(args.new_tokens)
+            def run(
+                drafter: Drafter | None = drafter, ahead: bool = ahead, traces: list[Any] = traces
+            ) -> None:
+                traces.append(
+                    speculative_generate(
+                        runner,
+                        drafter,
+                        prompt,
+                        sampling=greedy,
+                        stop=StopRule(args.new_tokens),
+                        launch_ahead=ahead,
+                    )
+                )
+
+            for _ in range(3):
+                run()
+            walls = sorted(timed_wall(run, dev) for _ in range(3))
+            wall_prof, kern, top = kernel_ms(run, dev)
+            n = traces[-1].num_verifications
+            tokens[loop] = traces[-1].token_ids
+            rows.append(
+                {
+                    "loop": f"speculative b=1 {loop}",
+                    "setting": name,
+                    "round_loop": traces[-1].loop,
+                    "rounds": n,
+                    "wall_ms_per_round": walls[1] / n,
+                    "kernel_ms_per_round": kern / n,
+                    "idle_ms_per_round": (wall_prof - kern) / n,
+                    "profiled_wall_ms_per_round": wall_prof / n,
+                    "top_kernels_ms": top,
+                }
             )
-            rounds.append(trace.num_verifications)
-
-        for _ in range(3):
-            run()  # warm-up: graph captures and compiles for every window bucket this prompt reaches
-        walls = sorted(timed_wall(run, dev) for _ in range(3))
-        wall_prof, kern, top = kernel_ms(run, dev)
-        n = rounds[-1]
-        rows.append(
-            {
-                "loop": "speculative b=1",
-                "setting": name,
-                "rounds": n,
-                "wall_ms_per_round": walls[1] / n,
-                "kernel_ms_per_round": kern / n,
-                "idle_ms_per_round": (wall_prof - kern) / n,
-                "profiled_wall_ms_per_round": wall_prof / n,
-                "top_kernels_ms": top,
-            }
-        )
+        # bf16: the launch-ahead extend feeds a round's P path rows, not its n accepted ones, so a
+        # near-tie in the draft can part the two loops' trees (float32 tests show equality)
+        rows[-1]["same_tokens_as_lockstep"] = tokens["launch-ahead"] == tokens["lockstep"]
     return rows
+
+
+def print_round_loops(rows: list[dict[str, Any]]) -> None:
+    """The two round loops side by side: wall ms per round (median of 3 warm runs)."""
+    by = {(r["setting"], r["loop"].removeprefix("speculative b=1 ")): r for r in rows if "round_loop" in r}
+    print("round loops at batch 1: wall ms per round (median of 3 warm runs)")
+    print(f"{'setting':<20} {'lockstep':>9} {'launch-ahead':>13} {'saved':>7} {'kernel ms':>10}  same tokens")
+    for setting in dict.fromkeys(s for s, _ in by):
+        lock, ahead = by[(setting, "lockstep")], by[(setting, "launch-ahead")]
+        saved = lock["wall_ms_per_round"] - ahead["wall_ms_per_round"]
+        print(
+            f"{setting:<20} {lock['wall_ms_per_round']:>9.3f} {ahead['wall_ms_per_round']:>13.3f} "
+            f"{saved:>7.3f} {ahead['kernel_ms_per_round']:>10.3f}  {ahead['same_tokens_as_lockstep']}"
+        )
 
 
 def per_call_ms(
@@ -325,6 +363,7 @@ def main() -> None:
     ap.add_argument("--regen-prompts", type=int, default=1024, help="regeneration rows: chat prompts")
     ap.add_argument("--regen-rows", type=int, default=256, help="regeneration rows: runner batch")
     ap.add_argument("--regen-new-tokens", type=int, default=256)
+    ap.add_argument("--rounds-only", action="store_true", help="only the speculative round loops")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.tiny:
@@ -335,8 +374,10 @@ def main() -> None:
         args.regen_prompts, args.regen_rows, args.regen_new_tokens = 12, 4, 8
     else:
         target = load_target(args.target, dtype="bfloat16", device="cuda")
-    components = component_rows(target, args)
-    rows = speculative_rows(target, args) + plain_batch_rows(target, args) + regeneration_rows(target, args)
+    rows = speculative_rows(target, args)
+    components = [] if args.rounds_only else component_rows(target, args)
+    if not args.rounds_only:
+        rows += plain_batch_rows(target, args) + regeneration_rows(target, args)
     if args.out:
         args.out.write_text(json.dumps(rows + components, indent=1))
     for r in components:
@@ -348,10 +389,10 @@ def main() -> None:
             if k != "top_kernels_ms":
                 continue
             print(f"{r['loop']} / {r['setting']} top kernels (ms): {v}")
-    print(f"{'loop':<22} {'setting':<34} {'steps':>6} {'wall ms':>8} {'kernel ms':>9} {'idle ms':>8}")
+    print(f"{'loop':<28} {'setting':<34} {'steps':>6} {'wall ms':>8} {'kernel ms':>9} {'idle ms':>8}")
     for r in rows:
         print(
-            f"{r['loop']:<22} {r['setting']:<34} {r['rounds']:>6} {r['wall_ms_per_round']:>8.3f} "
+            f"{r['loop']:<28} {r['setting']:<34} {r['rounds']:>6} {r['wall_ms_per_round']:>8.3f} "
             f"{r['kernel_ms_per_round']:>9.3f} {r['idle_ms_per_round']:>8.3f}"
             + (f"  {r['tokens_per_s_warm']:.0f} tok/s (cold {r['cold_s']:.1f}s)" if "cold_s" in r else "")
             + (f"  {r['tokens_per_s_warm']:.0f} tok/s" if r["loop"].startswith("regeneration") else "")
@@ -361,6 +402,9 @@ def main() -> None:
                 else ""
             )
         )
+
+    print()
+    print_round_loops(rows)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,11 @@ class Drafter:
         self.committed = 0
         self.last_hidden = self.last_logits = None
 
+    def reserve(self, max_seq_len: int) -> None:
+        """Room for sequences of `max_seq_len` now, so that no later call grows the cache (and drops
+        the captured graphs) while replays of them may still be queued on the device."""
+        self._prepare(max_seq_len + self.tree_rows)
+
     @torch.no_grad()
     def extend(self, aux: torch.Tensor, tokens: torch.Tensor, start_position: int) -> None:
         """aux [n, A*Ht] target states at positions start..start+n-1; tokens [n] the tokens after them.

@@ -126,6 +126,8 @@ def launch_ahead_rounds(
         position=torch.full((1,), root_position, dtype=torch.long, device=device),
         position_bound=root_position,
     )
+    if drafter is not None:
+        drafter.reserve(capacity)
     current = _launch(runner, drafter, root, copies, timers)
     while True:
         ahead = None

@@ -8,6 +8,8 @@
 #       sleep 1; done; sleep 40; tr '\r' '\n' < ~/smol/full.log | tail -n 30
 #   calls 3.., no carry:         WAIT_S=540 bash benchmarks/h200/collect.sh  (again until it says DONE; each
 #                                call must follow the last within 30 s or the machine is given back)
+#   Issue each next call at once, with nothing composed in between: on 2026-12-01 a machine went back
+#   idle between two calls and took 9 device-minutes and a whole data stage with it.
 #
 # It needs the repository folder only for its first seconds: it copies src/, benchmarks/, scripts/,
 # tests/helpers and .gguf_b/ into $SMOL/repo, writes $SMOL/full_run.copied, and runs everything from
@@ -28,7 +30,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -162,20 +164,23 @@ do_draft_speed() {
   timeout "${DRAFT_SPEED_TIMEOUT_S:-120}" "$PY" benchmarks/draft_speed.py "${tiny[@]}" --out "$out"
 }
 
-# profile NAME TIMEOUT_S LINES: run benchmarks/NAME.py once (skipped when its JSON exists), keeping
-# the last LINES lines of its output in NAME.txt beside the JSON.
+# profile NAME TIMEOUT_S LINES [ARGS...]: run benchmarks/NAME.py once (skipped when its JSON exists),
+# keeping the last LINES lines of its output in NAME.txt beside the JSON.
 profile() {
   local name=$1 timeout_s=$2 lines=$3 out="$results/$1.json"
+  shift 3
   [ -f "$out" ] && { say "$name results exist: $out"; return 0; }
   local tiny=()
   [ "$TINY" = 1 ] && tiny=(--tiny)
-  timeout "$timeout_s" "$PY" "benchmarks/$name.py" "${tiny[@]}" --out "$out" 2>&1 \
+  timeout "$timeout_s" "$PY" "benchmarks/$name.py" "${tiny[@]}" "$@" --out "$out" 2>&1 \
     | grep -v USDT | tail -n "$lines" | tee "$results/$name.txt"
   return "${PIPESTATUS[0]}"
 }
 
-# wall vs kernel time per decoding step: speculative rounds, batched plain decoding
-do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 20; }
+# wall vs kernel time per decoding step: speculative rounds (lockstep and launch-ahead), batched
+# plain decoding. LOOP_PROFILE_ARGS: extra flags (e.g. --rounds-only, the round loops alone).
+# shellcheck disable=SC2086 # LOOP_PROFILE_ARGS: word-split on purpose
+do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 30 ${LOOP_PROFILE_ARGS:-}; }
 # where a training step's time goes (target side, forward, backward, update), eager and compiled
 do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40; }
 

@@ -16,8 +16,9 @@ Prediction (greedy verification; tau counts the bonus token, as SGLang/vLLM/EAGL
   is a node of the tree (every step of it valid). Replay decodes each response (a run of rows
   valid at step 0 inside one record) the way an engine does:
 
-      t = first row of the response + 1   # that row's step 0 predicts the response's first token,
-                                          # which the target's prefill emits, not a round
+      t = first row of the response       # its step 0 predicts the response's first token: the
+                                          # engine's first round drafts it (prefill stops before the
+                                          # prompt's last token, which is the first round's root)
       while t is in the response:  n = n_t;  emit n + 1 tokens (bonus included);  t += n + 1
 
   tau_pred = tokens emitted / rounds = 1 + mean of n_t over the rows a decoder *visits*, and
@@ -44,7 +45,11 @@ Assumptions (what makes it a prediction, not a measurement): the draft at depth 
 ground-truth token, which equals the accepted token when the data is the target's own greedy
 output (regenerate it); sibling order equals the draft's ranking, as in EAGLE's top-k expansion;
 prompts in the eval set resemble the served ones; every response is served as its own request
-(its prompt = the record up to it, prefilled at once). Under these a static tree's replay is exact.
+(its prompt = the record up to it, prefilled at once). Under these a static tree's replay is exact:
+`tests/unit/train/test_replay_matches_engine.py` decodes with the engine (float32, both round
+loops) and replays the record of that very text, round for round. The one round it cannot see
+whole is one whose drafts run past the end of the record's text (a decoder verifies drafts past
+its max_new_tokens; the replay has no labels there), so such a last round is cut at the text's end.
 A dynamic tree (SGLang's topk/num_steps/num_draft_tokens, reranked per round by draft scores) is
 approximated by the static tree of the same nodes; responses truncated at max_length end early.
 With `EvalResult.horizon` (`eaglewire eval --horizon`; the bench and the quickstart use their
@@ -204,15 +209,15 @@ def replay_accepted(
     accepted: torch.Tensor, spans: Sequence[tuple[int, int]], depth: int, horizon: int | None = None
 ) -> Replay:
     """accepted [N] int (drafts a round starting at each row accepts, at most `depth`), spans from
-    `response_spans` -> the Replay: each response from its second row, n accepted -> n + 1 tokens,
-    next round at t + n + 1. `horizon`: rounds start only within the first `horizon` tokens of each
+    `response_spans` -> the Replay: each response from its first row (the engine's first round drafts
+    the response's first token), n accepted -> n + 1 tokens, next round at t + n + 1. `horizon`: rounds start only within the first `horizon` tokens of each
     response, as a decoder with max_new_tokens = horizon (None: whole responses)."""
     if horizon is not None and horizon < 1:
         raise ConfigError(f"replay horizon: expected >= 1 token (or None), got {horizon}")
     acc = accepted.tolist()
     hist = [0] * (depth + 1)  # rounds by number of accepted drafts
     for start, end in spans:
-        t = start + 1
+        t = start
         stop = end if horizon is None else min(end, start + horizon)
         while t < stop:
             n = acc[t]

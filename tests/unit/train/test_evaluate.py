@@ -58,38 +58,38 @@ def _region(n: int, steps: int) -> torch.Tensor:
 
 
 def test_replay_chain_on_clustered_errors():
-    # One response of 13 rows, chain of 2. Row 0's step 0 predicts the response's first token (the
-    # prefill emits it): never a round. Rows 1-4 are a hard stretch (both drafts wrong), rows 5-12 an
-    # easy one (both right; row 12's second draft is past the end).
-    ranks = torch.tensor([[0, 0]] + [[1, 1]] * 4 + [[0, 0]] * 8, dtype=torch.int16)
+    # One response of 13 rows, chain of 2. Row 0's step 0 predicts the response's first token, which
+    # the engine's first round drafts (its root is the prompt's last token). Rows 0-4 are a hard
+    # stretch (both drafts wrong), rows 5-12 an easy one (both right; row 12's second draft is past the end).
+    ranks = torch.tensor([[1, 1]] * 5 + [[0, 0]] * 8, dtype=torch.int16)
     valid = _region(13, 2)
-    assert accepted_drafts(ranks, valid, chain_tree(2)).tolist() == [2, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 1]
+    assert accepted_drafts(ranks, valid, chain_tree(2)).tolist() == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 1]
     r = replay_tree(ranks, valid, [13], chain_tree(2))
-    # rounds at t = 1, 2, 3, 4 (1 token each), 5, 8, 11 (3 tokens each): 13 tokens / 7 rounds
-    assert (r.rounds, r.tokens) == (7, 13)
-    assert r.tau == pytest.approx(13 / 7)
-    assert r.per_position_acceptance == pytest.approx([3 / 7, 3 / 7])
-    # the position average sees 9 easy rows of 13: 1 + 9/13 + 9/13 * 8/8, far above the replay
-    assert predicted_tau_tree(ranks, valid, chain_tree(2)) == pytest.approx(31 / 13)
-    assert predicted_tau_chain([9 / 13, 1.0], 2) == pytest.approx(31 / 13)
-    # chain of 1: every row from 1 is a round start of its own unless the previous round accepted
+    # rounds at t = 0, 1, 2, 3, 4 (1 token each), 5, 8, 11 (3 tokens each): 14 tokens / 8 rounds
+    assert (r.rounds, r.tokens) == (8, 14)
+    assert r.tau == pytest.approx(14 / 8)
+    assert r.per_position_acceptance == pytest.approx([3 / 8, 3 / 8])
+    # the position average sees 8 easy rows of 13: 1 + 8/13 + 8/13 * 7/7, far above the replay
+    assert predicted_tau_tree(ranks, valid, chain_tree(2)) == pytest.approx(29 / 13)
+    assert predicted_tau_chain([8 / 13, 1.0], 2) == pytest.approx(29 / 13)
+    # chain of 1: every row is a round start of its own unless the previous round accepted
     r1 = replay_tree(ranks, valid, [13], chain_tree(1))
-    # t = 1,2,3,4 (0), 5 (1) -> 7 (1) -> 9 (1) -> 11 (1) -> 13: 8 rounds, 4 + 8 tokens
-    assert (r1.rounds, r1.tokens, r1.per_position_acceptance) == (8, 12, [0.5])
+    # t = 0,1,2,3,4 (0), 5 (1) -> 7 (1) -> 9 (1) -> 11 (1) -> 13: 9 rounds, 5 + 8 tokens
+    assert (r1.rounds, r1.tokens, r1.per_position_acceptance) == (9, 13, [4 / 9])
 
 
 def test_replay_horizon_stops_rounds_like_max_new_tokens():
-    # The clustered response above: a decoder with max_new_tokens = 5 emits the prefill's token and
-    # 4 one-token rounds (t = 1..4), so it never reaches the easy stretch that starts at row 5.
-    ranks = torch.tensor([[0, 0]] + [[1, 1]] * 4 + [[0, 0]] * 8, dtype=torch.int16)
+    # The clustered response above: a decoder with max_new_tokens = 5 emits 5 one-token rounds
+    # (t = 0..4), so it never reaches the easy stretch that starts at row 5.
+    ranks = torch.tensor([[1, 1]] * 5 + [[0, 0]] * 8, dtype=torch.int16)
     valid = _region(13, 2)
     short = replay_tree(ranks, valid, [13], chain_tree(2), horizon=5)
-    assert (short.rounds, short.tokens, short.tau) == (4, 4, 1.0)
+    assert (short.rounds, short.tokens, short.tau) == (5, 5, 1.0)
     # a horizon past the response's end changes nothing
     whole = replay_tree(ranks, valid, [13], chain_tree(2))
     assert replay_tree(ranks, valid, [13], chain_tree(2), horizon=100) == whole
     # a round that starts inside the horizon counts whole (a decoder cuts its tokens; tau is per round)
-    assert replay_tree(ranks, valid, [13], chain_tree(2), horizon=6).tokens == 4 + 3
+    assert replay_tree(ranks, valid, [13], chain_tree(2), horizon=6).tokens == 5 + 3
     with pytest.raises(ConfigError, match="horizon"):
         replay_tree(ranks, valid, [13], chain_tree(2), horizon=0)
 
@@ -99,14 +99,14 @@ def test_replay_walks_each_response_of_each_record():
     valid0 = torch.tensor([0, 1, 1, 1, 1] + [1, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
     spans = response_spans(valid0, [5, 8])
     assert spans == [(1, 5), (5, 8), (10, 13)]
-    # rows 1|2,3,4  5|6,7  10|11,12  are (prefill row | rounds)
-    accepted = torch.tensor([9, 9, 2, 9, 0] + [9, 1, 0, 9, 9, 9, 0, 0])
+    # 9 marks rows no round starts at (never read)
+    accepted = torch.tensor([9, 2, 9, 9, 0] + [1, 9, 0, 9, 9, 0, 0, 0])
     r = replay_accepted(accepted, spans, depth=2)
-    # slice 1: t=2 (2) -> 5: end. slice 2: t=6 (1) -> 8: end; t=11 (0) -> 12 (0) -> 13: end
-    assert (r.rounds, r.tokens) == (4, 3 + 2 + 1 + 1)
-    assert r.per_position_acceptance == pytest.approx([2 / 4, 1 / 4])
-    # a response of one row has no rounds; so has an empty evaluation
-    assert replay_accepted(torch.tensor([0]), response_spans(torch.tensor([True]), [1]), 1).rounds == 0
+    # slice 1: t=1 (2) -> 4 (0) -> 5: end. slice 2: t=5 (1) -> 7 (0) -> 8: end; t=10, 11, 12 (0) -> 13: end
+    assert (r.rounds, r.tokens) == (7, 3 + 1 + 2 + 1 + 1 + 1 + 1)
+    assert r.per_position_acceptance == pytest.approx([2 / 7, 1 / 7])
+    # a response of one row is one round (its first token); an empty evaluation has none
+    assert replay_accepted(torch.tensor([0]), response_spans(torch.tensor([True]), [1]), 1).rounds == 1
     empty = replay_tree(
         torch.zeros(0, 2, dtype=torch.int16), torch.zeros(0, 2, dtype=torch.bool), [], chain_tree(2)
     )
@@ -117,17 +117,17 @@ def test_replay_walks_each_response_of_each_record():
 
 def test_replay_tree_follows_the_true_rank_path():
     tree = [(0,), (1,), (0, 0), (1, 0)]
-    #                  row: 0=prefill, 1: [1,0] -> 2 via (1,),(1,0); 4: [0,1] -> 1; 6: [2,0] -> 0; 7: [0,0] -> 2
-    ranks = torch.tensor([[0, 0], [1, 0], [5, 5], [5, 5], [0, 1], [5, 5], [2, 0], [0, 0], [0, 0], [0, 0]])
+    # row 0: [5,5] -> 0; 1: [1,0] -> 2 via (1,),(1,0); 4: [0,1] -> 1; 6: [2,0] -> 0; 7: [0,0] -> 2
+    ranks = torch.tensor([[5, 5], [1, 0], [5, 5], [5, 5], [0, 1], [5, 5], [2, 0], [0, 0], [0, 0], [0, 0]])
     valid = _region(10, 2)
-    assert accepted_drafts(ranks, valid, tree).tolist() == [2, 2, 0, 0, 1, 0, 0, 2, 2, 1]
+    assert accepted_drafts(ranks, valid, tree).tolist() == [0, 2, 0, 0, 1, 0, 0, 2, 2, 1]
     r = replay_tree(ranks, valid, [10], tree)
-    # t = 1 (2) -> 4 (1) -> 6 (0) -> 7 (2) -> 10: 4 rounds, 3 + 2 + 1 + 3 tokens
-    assert (r.rounds, r.tokens, r.tau) == (4, 9, 9 / 4)
-    assert r.per_position_acceptance == pytest.approx([3 / 4, 2 / 4])
-    # position-averaged over all rows: P((0,)) = 5/10, P((1,)) = 1/10, P((0, 0)) = 5/10 * 3/4 (row 9 has
+    # t = 0 (0) -> 1 (2) -> 4 (1) -> 6 (0) -> 7 (2) -> 10: 5 rounds, 1 + 3 + 2 + 1 + 3 tokens
+    assert (r.rounds, r.tokens, r.tau) == (5, 10, 2.0)
+    assert r.per_position_acceptance == pytest.approx([3 / 5, 2 / 5])
+    # position-averaged over all rows: P((0,)) = 4/10, P((1,)) = 1/10, P((0, 0)) = 4/10 * 2/3 (row 9 has
     # no depth 2), P((1, 0)) = 1/10 * 1/1
-    assert predicted_tau_tree(ranks, valid, tree) == pytest.approx(1 + 0.5 + 0.1 + 0.375 + 0.1)
+    assert predicted_tau_tree(ranks, valid, tree) == pytest.approx(1 + 0.4 + 0.1 + 4 / 15 + 0.1)
 
 
 def test_result_without_ranks_predicts_position_averaged_only():
@@ -160,7 +160,6 @@ def _naive_replay(ranks: torch.Tensor, valid: torch.Tensor, lengths: list[int], 
             end = t
             while end < rows and vk[end, 0]:
                 end += 1
-            t += 1
             while t < end:
                 acc = 0
                 while acc < k and vk[t, acc] and rk[t, acc] == 0:

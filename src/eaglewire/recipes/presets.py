@@ -154,14 +154,14 @@ PRESETS: dict[str, QuickstartPreset] = {
         magpie_prompts=20000,
         user_turns=3,
         regenerate=True,
-        # regenerate -> train -> eval must fit 20 minutes on one H200. Measured (BENCHMARKS.md 2c):
-        # continuous regeneration answered 16,384 conversations in ~103 s (data stage 178 s), and
-        # training ran at 67k tokens/s; tau follows the training tokens, so training gets most of the
-        # time: ~330 s of data (twice the Magpie prompts) + 720 s + 10 s = ~18 min (not yet measured
-        # at these settings; 170 s / 180 s with 10,000 Magpie prompts took 6.1 min).
+        # regenerate -> train -> eval must fit 20 minutes on one H200. Measured (BENCHMARKS.md 2d,
+        # these data settings): 20,000 Magpie prompts in ~35 s, all 25,873 training conversations
+        # regenerated in ~137 s (39k tok/s), the data stage 202 s with regeneration cut at 120 s, so
+        # ~220 s uncut; training at 76k tokens/s, and tau still rising with its tokens (31.6M in 420 s:
+        # held-out step-0 accuracy 0.81). So training gets the rest: ~220-260 s + 840 s + ~5 s = ~18 min.
         # `quickstart --regen-max-seconds / --train-max-seconds` override them.
-        train_max_seconds=720.0,
-        regen_max_seconds=240.0,
+        train_max_seconds=840.0,
+        regen_max_seconds=180.0,  # a cap: all of them took ~137 s (2026-12-01)
         regen_max_new_tokens=256,
         regen_temperature=0.0,
         # conversations answered together; generation runs them 256 rows at a time. Batches of 256

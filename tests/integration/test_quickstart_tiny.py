@@ -4,6 +4,7 @@ import json
 
 import torch
 
+from eaglewire.cli.quickstart import show_summary
 from eaglewire.recipes.presets import get_preset
 from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
 from tests.helpers.tiny import make_tiny_target, save_tiny_target
@@ -31,6 +32,15 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     for method in ("eagle-chain", "eagle-tree"):  # float32: speculative greedy text == plain greedy text
         assert decode[method]["identical_to_plain"] is True
         assert decode[method]["tau"] >= 1.0
+        assert decode[method]["served_predicted_tau"] >= 1.0  # the replay over the text it served
+    # float32: on the served text the replay reproduces the chain's rounds exactly (cut at the text's end)
+    chain = decode["eagle-chain"]
+    assert (
+        chain["served_predicted_tau"] == chain["measured_tau_in_text"]
+        and chain["served_relative_error"] == 0.0
+    )
+    assert summary["served_predicted_tau_chain"]["chitchat-eval"] == chain["served_predicted_tau"]
+    show_summary(summary)  # the CLI's tables, served column and row included
     assert summary["doctor_ok"], json.loads((tmp_path / "run" / "doctor.json").read_text())
     sglang = json.loads((tmp_path / "run" / "export" / "sglang" / "config.json").read_text())
     assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [

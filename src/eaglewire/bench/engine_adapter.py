@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglewire.contract.contract import Contract
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.target.loading import LoadedTarget
@@ -31,6 +32,8 @@ class Outcome:
     per_position_acceptance: list[float] = field(default_factory=list)  # [k] P(>= k+1 drafts accepted)
     num_verifications: int = 0
     phase_seconds: dict[str, float] = field(default_factory=dict)  # prefill / draft / verify / accept
+    accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
+    emitted_per_round: list[int] = field(default_factory=list)  # tokens each produced, past the stop too
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Engine:
     draft: Eagle3Draft | None
     eos_token_ids: tuple[int, ...]
     max_seq_len: int
+    contract: Contract | None = None  # the draft's contract (its wiring; None without a draft)
     # Built on first use and kept, so benchmarking several prompt sets (or rerunning a setting) on
     # one engine compiles and captures each decoder's graphs once.
     decoders: dict[SpecArgs | None, Any] = field(default_factory=dict)
@@ -53,13 +57,15 @@ def load_engine(target: LoadedTarget, draft_dir: Path | None, *, max_seq_len: in
     from eaglewire.engine.api import check_draft_fits_target, make_runner
 
     draft = None
-    boundaries: Sequence[int] = default_boundaries(target.num_layers)
-    if draft_dir is not None:
+    contract = None
+    if draft_dir is not None:  # the draft's boundaries (a shallow target may have no default ones)
         draft, contract = load_draft(Path(draft_dir), device=target.device, dtype=target.dtype)
         check_draft_fits_target(contract, target)
-        boundaries = contract.aux_boundaries
+    boundaries: Sequence[int] = (
+        contract.aux_boundaries if contract is not None else default_boundaries(target.num_layers)
+    )
     runner = make_runner(target, boundaries, "auto", max_seq_len=max_seq_len)
-    return Engine(target, runner, draft, target.eos_token_ids, max_seq_len)
+    return Engine(target, runner, draft, target.eos_token_ids, max_seq_len, contract)
 
 
 def speculative_fn(engine: Engine, spec: SpecArgs | None) -> Callable[[list[int], int], Outcome]:
@@ -86,6 +92,8 @@ def speculative_fn(engine: Engine, spec: SpecArgs | None) -> Callable[[list[int]
             per_position_acceptance=list(r.per_position_acceptance),
             num_verifications=r.num_verifications,
             phase_seconds=dict(r.phase_times),
+            accepted_per_round=list(r.accepted_per_round) if use_draft else [],
+            emitted_per_round=list(r.emitted_per_round) if use_draft else [],
         )
 
     return run

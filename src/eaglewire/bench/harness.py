@@ -41,10 +41,11 @@ from eaglewire.bench.engine_adapter import (
     plain_fn,
     speculative_fn,
 )
-from eaglewire.bench.prediction import TauPredictor, prediction_rows
+from eaglewire.bench.prediction import PredictionRow, TauPredictor, prediction_rows
 from eaglewire.bench.prompts import PromptSet, encode_prompt
 from eaglewire.bench.report import BenchReport, describe_device, now_iso
 from eaglewire.bench.results import MethodResult, PromptRun, fill_comparisons
+from eaglewire.bench.served import ServedInputs, ServedPrediction, float32_draft, served_predictions
 from eaglewire.bench.timing import Stopwatch
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
@@ -76,6 +77,11 @@ class BenchConfig:
     chat: bool = help_field("apply the target's chat template to the prompts", default=True)
     prompt_lookup_num_tokens: int = help_field(
         "hf-prompt-lookup: prompt_lookup_num_tokens", default=DEFAULT_PROMPT_LOOKUP_TOKENS
+    )
+    served_prediction: bool = help_field(
+        "after each speculative setting, replay it offline over the text it served and report that "
+        "predicted tau beside the measured one (eaglewire.bench.served)",
+        default=True,
     )
 
     def __post_init__(self) -> None:
@@ -177,6 +183,8 @@ def measure_method(
                 num_verifications=out.num_verifications,
                 per_position_acceptance=out.per_position_acceptance,
                 phase_seconds=out.phase_seconds,
+                accepted_per_round=out.accepted_per_round,
+                emitted_per_round=out.emitted_per_round,
             )
         )
     result = MethodResult(name, available=True, settings=settings or {}, runs=runs)
@@ -290,4 +298,40 @@ def run_benchmark(
         if name in results and results[name].available
     ]
     predictions = prediction_rows(predictor, measured) if predictor is not None else []
-    return BenchReport(meta=info, results=results, reference=reference, predictions=predictions)
+    served = _served(cfg, engine, draft_dir, work, results, predictions) if cfg.served_prediction else []
+    return BenchReport(
+        meta=info, results=results, reference=reference, predictions=predictions, served_predictions=served
+    )
+
+
+def _served(
+    cfg: BenchConfig,
+    engine: Engine,
+    draft_dir: Path | None,
+    work: Workload,
+    results: dict[str, MethodResult],
+    heldout: list[PredictionRow],
+) -> list[ServedPrediction]:
+    """The prediction on the served text for every speculative setting that ran (empty without any)."""
+    specs = {
+        name: cfg.chain_spec() if name == "eagle-chain" else cfg.tree_spec()
+        for name, r in results.items()
+        if name in SPECULATIVE_METHODS and r.available and r.runs
+    }
+    if not specs or engine.draft is None:
+        return []
+    if draft_dir is not None:  # float32 weights, as `eaglewire eval` and the held-out prediction load them
+        from eaglewire.draft.io import load_draft
+
+        draft, contract = load_draft(Path(draft_dir), device=work.target.device)
+    elif engine.contract is not None:
+        draft, contract = float32_draft(engine.draft), engine.contract
+    else:
+        log.warning(
+            "served prediction skipped: the engine holds no draft contract (load it with load_engine)"
+        )
+        return []
+    inputs = ServedInputs(
+        work.target, draft, contract, work.prompt_ids, {m: (s, results[m]) for m, s in specs.items()}, heldout
+    )
+    return served_predictions(inputs)

@@ -16,6 +16,7 @@ import torch
 
 from eaglewire.bench.prediction import PredictionRow, prediction_markdown, prediction_summary
 from eaglewire.bench.results import CYCLE_PHASES, MethodResult
+from eaglewire.bench.served import ServedPrediction, served_markdown, served_summary
 from eaglewire.io_utils import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class BenchReport:
     results: dict[str, MethodResult]  # method name -> result, in run order
     reference: str | None  # the method greedy outputs are compared with
     predictions: list[PredictionRow] = field(default_factory=list)  # offline predicted vs measured tau
+    # the offline replay over the text each speculative setting served, vs its measured tau
+    served_predictions: list[ServedPrediction] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -56,6 +59,8 @@ class BenchReport:
             "greedy_mismatches": self.mismatch_count(),
             "predictions": [p.to_json() for p in self.predictions],
             "prediction_summary": prediction_summary(self.predictions),
+            "served_predictions": [p.to_json() for p in self.served_predictions],
+            "served_prediction_summary": served_summary(self.served_predictions),
         }
 
     def mismatch_count(self) -> int:
@@ -98,6 +103,13 @@ class BenchReport:
             lines += ["", *notes]
         if self.predictions:
             lines += ["", "Offline predicted vs measured tau:", "", prediction_markdown(self.predictions)]
+        if self.served_predictions:
+            lines += [
+                "",
+                "Prediction on the served text vs measured tau:",
+                "",
+                served_markdown(self.served_predictions),
+            ]
         if m.get("command"):
             lines += ["", f"Command: `{m['command']}`"]
         return "\n".join(lines) + "\n"

@@ -37,6 +37,8 @@ class PromptRun:
     num_verifications: int = 0
     per_position_acceptance: list[float] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # the last timed run's
+    accepted_per_round: list[int] = field(default_factory=list)  # the last timed run's (speculative only)
+    emitted_per_round: list[int] = field(default_factory=list)  # its tokens per round, the last past the stop
 
     @property
     def new_tokens(self) -> int:
@@ -61,6 +63,8 @@ class PromptRun:
             "num_verifications": self.num_verifications,
             "per_position_acceptance": self.per_position_acceptance,
             "phase_seconds": self.phase_seconds,
+            "accepted_per_round": self.accepted_per_round,
+            "emitted_per_round": self.emitted_per_round,
             "finish_reason": self.finish_reason,
             "text": self.text,
             "token_ids": self.token_ids,

@@ -104,6 +104,12 @@ def bench(
     eval_max_records: int = typer.Option(
         200, "--eval-max-records", help="--eval-data: records evaluated (0 = all)"
     ),
+    served_prediction: bool = typer.Option(
+        True,
+        "--served-prediction/--no-served-prediction",
+        help="with --draft: replay each speculative setting offline over the text it served and report that "
+        "predicted tau beside the measured one (not with --sweep)",
+    ),
     dtype: str = typer.Option(
         "auto", "--dtype", help="float32 | bfloat16 | auto (bfloat16 on CUDA, float32 on CPU)"
     ),
@@ -185,6 +191,7 @@ def bench(
         repeats=3 if repeats is None else repeats,
         chat=not raw,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+        served_prediction=served_prediction,
     )
     report = run_benchmark(loaded, draft, prompt_set, cfg, meta={"command": command}, predictor=predictor)
     paths = report.write(out, plots=plots)

@@ -31,6 +31,12 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _served(summary: dict[str, Any]) -> str:
+    """'chitchat-eval 2.51, mt-bench 1.80': the chain's tau predicted on the text each prompt set served."""
+    served = summary.get("served_predicted_tau_chain") or {}
+    return ", ".join(f"{name} {_fmt(tau)}" for name, tau in served.items()) or "-"
+
+
 def show_summary(summary: dict[str, Any]) -> None:
     rows = []
     for prompt_set, methods in summary["decode"].items():
@@ -42,6 +48,7 @@ def show_summary(summary: dict[str, Any]) -> None:
                     method,
                     _fmt(r["tokens_per_s"], ".1f"),
                     _fmt(r["tau"]),
+                    _fmt(r.get("served_predicted_tau")),
                     _fmt(r["speedup_vs_plain"]),
                     _fmt(r.get("decode_speedup_vs_plain")),
                     "-" if same is None else ("yes" if same else "NO"),
@@ -49,7 +56,16 @@ def show_summary(summary: dict[str, Any]) -> None:
             )
     print_table(
         "quickstart: held-out decoding (greedy)",
-        ["prompts", "method", "tok/s", "tau", "speedup", "decode only", "same text"],
+        [
+            "prompts",
+            "method",
+            "tok/s",
+            "tau",
+            "predicted tau (served)",
+            "speedup",
+            "decode only",
+            "same text",
+        ],
         rows,
     )
     print_table(
@@ -57,7 +73,8 @@ def show_summary(summary: dict[str, Any]) -> None:
         ["stage", "seconds"],
         [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
         + [
-            ["predicted tau (chain)", _fmt(summary["predicted_tau_chain"])],
+            ["predicted tau (chain, held-out records)", _fmt(summary["predicted_tau_chain"])],
+            ["predicted tau (chain, served text)", _served(summary)],
             ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],
         ],
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +50,9 @@ class GenerationResult:
     phase_times: dict[str, float]  # seconds per phase: prefill, draft, verify, accept
     num_verifications: int
     prompt_tokens: int
+    accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
+    emitted_per_round: list[int] = field(default_factory=list)  # tokens each produced (bonus incl.; the
+    # last round's may run past max_new_tokens / eos: token_ids is cut there, these are not)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,6 +223,8 @@ class SpeculativeDecoder:
             phase_times=trace.phase_seconds,
             num_verifications=trace.num_verifications,
             prompt_tokens=len(prompt_ids),
+            accepted_per_round=list(trace.accepted_per_round),
+            emitted_per_round=list(trace.emitted_per_round),
         )
 
     def _decode(self, ids: list[int]) -> str:

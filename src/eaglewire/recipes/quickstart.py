@@ -248,6 +248,7 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
         )
         report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine)
         report.write(run.path("decode", name))
+        served = {row.method: row for row in report.served_predictions}
         out[name] = {
             m: {
                 "tokens_per_s": r.tokens_per_s,
@@ -257,11 +258,34 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
                 "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
                 "identical_to_plain": None if r.mismatches is None else not r.mismatches,
                 "per_position_acceptance": r.per_position_acceptance,
+                **_served_fields(served.get(m)),
             }
             for m, r in report.results.items()
             if r.available
         }
     return out
+
+
+def _served_fields(row: Any) -> dict[str, Any]:
+    """A speculative method's prediction on the text it served (`eaglewire.bench.served`), if made."""
+    if row is None:
+        return {}
+    return {
+        "served_predicted_tau": row.predicted_tau,
+        "measured_tau_in_text": row.measured_tau_in_text,
+        "served_relative_error": row.relative_error,
+        "served_predicted_per_position_acceptance": (
+            [] if row.predicted is None else row.predicted.per_position_acceptance
+        ),
+        "served_prediction_note": row.note,
+    }
+
+
+def served_tau_chain(decoded: dict[str, Any]) -> dict[str, float | None]:
+    """Per prompt set: the chain's tau predicted on the text it served (None where not made)."""
+    return {
+        name: methods.get("eagle-chain", {}).get("served_predicted_tau") for name, methods in decoded.items()
+    }
 
 
 def stage_export(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
@@ -335,7 +359,8 @@ def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
     summary = {
         "preset": run.preset.name,
         "stage_seconds": {s.name: s.seconds for s in run.stages},
-        "predicted_tau_chain": evaluated.get("predicted_tau_chain"),
+        "predicted_tau_chain": evaluated.get("predicted_tau_chain"),  # held-out records
+        "served_predicted_tau_chain": served_tau_chain(decoded),  # per prompt set, on the text it served
         "decode": decoded,
         "doctor_ok": all(v["ok"] for v in doctored.values()),
         "out_dir": str(run.out_dir),

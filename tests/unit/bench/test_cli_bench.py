@@ -67,6 +67,23 @@ def test_bench_json(files: dict[str, Path]) -> None:
     ]  # the offline evaluation ran on --eval-data: predicted vs measured for the chain
     assert pred["num_steps"] == 2 and pred["predicted_tau"] >= 1.0
     assert pred["error"] == pytest.approx(pred["measured_tau"] - pred["predicted_tau"])
+    # on by default with a draft: the replay over the served text, beside the held-out prediction
+    (served,) = data["served_predictions"]
+    assert served["method"] == "eagle-chain" and served["heldout_predicted_tau"] == pred["predicted_tau"]
+    assert served["rounds_match"] and served["served_predicted_tau"] == served["measured_tau_in_text"]
+
+
+def test_bench_no_served_prediction(files: dict[str, Path]) -> None:
+    r = runner.invoke(app, [
+        "bench", "--target", str(files["target"]), "--draft", str(files["draft"]), "--prompts", str(files["prompts"]),
+        "--num-prompts", "1", "--max-new-tokens", "3", "--methods", "eagle-chain", "--chain-steps", "2",
+        "--warmup", "0", "--repeats", "1", "--device", "cpu", "--out", str(files["root"] / "off"), "--json",
+        "--no-plots", "--no-served-prediction",
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["served_predictions"] == [] and data["served_prediction_summary"] == {"settings_compared": 0}
+    assert "--no-served-prediction" in data["command"]
 
 
 def test_bench_sweep_writes_best_setting(files: dict[str, Path]) -> None:

@@ -15,9 +15,8 @@ from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import DecodeTrace, speculative_generate
 from eaglewire.engine.verify import StopRule
-from eaglewire.target.identity import build_contract
-from tests.helpers.tiny import CORPUS, make_tiny_target
-from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS, Tiny, chat_ids, plain_greedy, train_draft
+from tests.gpu.conftest import tiny_on_cuda
+from tests.unit.engine.conftest import Tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -27,16 +26,7 @@ TOKENS = 40
 
 @pytest.fixture(scope="module")
 def cuda_tiny() -> tuple[Tiny, torch.nn.Module]:
-    target = make_tiny_target("llama", num_layers=NUM_LAYERS)
-    contract = build_contract(target, AUX_BOUNDARIES)
-    prompts = [chat_ids(target, text) for text in CORPUS[:3]] + [[17]]
-    references = [plain_greedy(target.model, p, TOKENS) for p in prompts]
-    from eaglewire.draft.init import init_draft
-
-    tiny = Tiny(target, contract, init_draft(target, contract).eval(), prompts, references)
-    trained = train_draft(tiny).eval()
-    target.model.to("cuda")
-    return tiny, trained.to("cuda")
+    return tiny_on_cuda(TOKENS, [[17]])
 
 
 def run_both(tiny, trained, spec, prompts, stop) -> list[tuple[DecodeTrace, DecodeTrace]]:

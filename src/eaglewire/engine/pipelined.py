@@ -119,7 +119,6 @@ def launch_ahead_rounds(
     device = runner.device
     copies = VerdictCopies(device)
     capacity = runner.max_seq_len
-    generated = trace.token_ids
     position = root_position  # exact: the root position of the round in flight (`current`)
     root = DeviceRoot(
         token=torch.full((1,), root_token, dtype=torch.long, device=device),
@@ -131,7 +130,7 @@ def launch_ahead_rounds(
     current = _launch(runner, drafter, root, copies, timers)
     while True:
         ahead = None
-        certain_end = len(generated) + 1 >= stop.max_new_tokens  # the round emits >= 1 token
+        certain_end = len(trace.token_ids) + 1 >= stop.max_new_tokens  # the round emits >= 1 token
         P = current.verdict.path.shape[0]
         if not certain_end and position + P + _next_num_nodes(drafter) <= capacity:
             ahead = _launch(
@@ -139,12 +138,8 @@ def launch_ahead_rounds(
             )
         with timers.phase("accept"):
             verdict = verdict_from_values(current.read.wait())
-            trace.accepted_per_round.append(verdict.num_accepted_drafts)
-            trace.emitted_per_round.append(len(verdict.emitted))
-            kept, finish = stop.cut(generated, verdict.emitted)
-            generated.extend(kept)
-        if finish is not None:
-            trace.finish_reason = finish
+            finished = trace.record(verdict, stop)
+        if finished:
             return  # a round launched ahead is discarded (module doc)
         if ahead is None:  # near the end of the cache: launch knowing the count
             nxt = _advance(runner, drafter, current, position, timers, count=len(verdict.path))

@@ -55,6 +55,17 @@ class DecodeTrace:
     def num_verifications(self) -> int:
         return len(self.accepted_per_round)
 
+    def record(self, verdict: Verdict, stop: StopRule) -> bool:
+        """Take one verified round: its counts, and the tokens `stop` keeps of what it emitted.
+        True when the generation ends here (`finish_reason` then says why)."""
+        self.accepted_per_round.append(verdict.num_accepted_drafts)
+        self.emitted_per_round.append(len(verdict.emitted))
+        kept, finish = stop.cut(self.token_ids, verdict.emitted)
+        self.token_ids.extend(kept)
+        if finish is not None:
+            self.finish_reason = finish
+        return finish is not None
+
 
 def _ids(tokens: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor([tokens], dtype=torch.long, device=device)  # [1, T]
@@ -164,7 +175,6 @@ def _lockstep_rounds(
 ) -> None:
     """Rounds from the root (prefill done) until `stop`, each waiting for its verdict; fills `trace`."""
     device = runner.device
-    generated = trace.token_ids
     # A runner that verifies greedily itself does it inside its verify forward (its CUDA graph).
     in_forward = sampling.greedy and "greedy" in inspect.signature(runner.forward).parameters
     extra = {"greedy": True} if in_forward else {}
@@ -199,12 +209,8 @@ def _lockstep_rounds(
                 drafter.extend(fwd.aux[0, path], emitted, start_position=root_position)
         with timers.phase("accept"):
             _commit(runner, verdict.path, path, tree.num_nodes)
-            trace.accepted_per_round.append(verdict.num_accepted_drafts)
-            trace.emitted_per_round.append(len(verdict.emitted))
-            kept, finish = stop.cut(generated, verdict.emitted)
-            generated.extend(kept)
-        if finish is not None:
-            trace.finish_reason = finish
+            finished = trace.record(verdict, stop)
+        if finished:
             return
         root = verdict.emitted[-1]
         root_position += len(verdict.emitted)

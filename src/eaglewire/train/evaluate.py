@@ -431,7 +431,9 @@ def evaluate_draft(
     target_side.verify(draft_contract)
     dev = torch.device(device)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=dev)
-    model = TTTObjective(draft.to(dev), num_steps)
+    # the new wrapper takes the draft's mode, which evaluate_model restores afterwards (a fresh
+    # module is in train mode: restoring that would leave the caller's draft in train mode)
+    model = TTTObjective(draft.to(dev), num_steps).train(draft.training)
     rows = eval_rows(data, max_length=max_length, pack=pack, max_records=max_records)
     return evaluate_model(
         model,

@@ -175,7 +175,9 @@ def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
     draft = init_draft(tiny_target, tiny_contract, draft_to_target=d2t, seed=0)
     head = TargetHead.from_target(tiny_target, tiny_contract.final)
     side = OfflineTarget(head, tiny_contract, d2t)
+    draft.eval()
     res = evaluate_draft(draft, tiny_contract, side, eval_captured, num_steps=3, max_length=64)
+    assert not draft.training  # evaluating leaves the caller's draft in the mode it came in
     s = res.summary()
     assert s["records"] == len(eval_captured) and len(s["acc"]) == 3
     # OOV count = valid step-0 rows whose target argmax is not in the draft vocab, computed independently

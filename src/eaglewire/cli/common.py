@@ -57,10 +57,18 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    # no vertical rules: a summary of 7 columns still fits an 80-column terminal untruncated
+def print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str | None = None
+) -> None:
+    # no vertical rules: the quickstart's summary of 8 columns still fits an 80-column terminal
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
+        title=title,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
     )
     for c in columns:
         table.add_column(c)

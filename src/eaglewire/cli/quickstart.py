@@ -31,12 +31,6 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _served(summary: dict[str, Any]) -> str:
-    """'chitchat-eval 2.51, mt-bench 1.80': the chain's tau predicted on the text each prompt set served."""
-    served = summary.get("served_predicted_tau_chain") or {}
-    return ", ".join(f"{name} {_fmt(tau)}" for name, tau in served.items()) or "-"
-
-
 def show_summary(summary: dict[str, Any]) -> None:
     rows = []
     for prompt_set, methods in summary["decode"].items():
@@ -56,25 +50,17 @@ def show_summary(summary: dict[str, Any]) -> None:
             )
     print_table(
         "quickstart: held-out decoding (greedy)",
-        [
-            "prompts",
-            "method",
-            "tok/s",
-            "tau",
-            "predicted tau (served)",
-            "speedup",
-            "decode only",
-            "same text",
-        ],
+        ["prompts", "method", "tok/s", "tau", "pred", "speedup", "decode", "same"],
         rows,
+        caption="pred: tau predicted offline on the served text; decode: the decode-only speedup; "
+        "same: greedy text equal to plain",
     )
     print_table(
         "quickstart: stages",
         ["stage", "seconds"],
         [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
         + [
-            ["predicted tau (chain, held-out records)", _fmt(summary["predicted_tau_chain"])],
-            ["predicted tau (chain, served text)", _served(summary)],
+            ["predicted tau (chain, held-out)", _fmt(summary["predicted_tau_chain"])],
             ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],
         ],
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from eaglewire.bench.served import rounds_within_text
 from eaglewire.contract.contract import Contract
 from eaglewire.data.types import TokenizedRecord
 from eaglewire.draft.init import init_draft
@@ -129,17 +130,9 @@ def evaluate(setup: Setup, draft: Eagle3Draft, prompt: list[int], text: list[int
     return replace(result, horizon=NEW_TOKENS)
 
 
-def expected_rounds(trace: DecodeTrace, text_tokens: int) -> list[int]:
-    """The engine's accepted drafts per round, each cut at the end of a record of `text_tokens`."""
-    out, start = [], 0
-    for accepted, emitted in zip(trace.accepted_per_round, trace.emitted_per_round, strict=True):
-        out.append(min(accepted, text_tokens - start))
-        start += emitted
-    return out
-
-
 def check_replay(result: EvalResult, trace: DecodeTrace, chain: int, text_tokens: int) -> None:
-    rounds = expected_rounds(trace, text_tokens)
+    # the engine's accepted drafts per round, each cut at the end of the record's text (the bench's rule)
+    rounds = rounds_within_text(trace.accepted_per_round, trace.emitted_per_round, text_tokens)
     # round by round: the rows where the engine's rounds start accept what the engine accepted
     accepted = accepted_drafts(result.ranks, result.valid, chain_tree(chain))
     ((first, end),) = response_spans(result.valid[:, 0], result.segments or (int(result.ranks.shape[0]),))

@@ -156,7 +156,8 @@ def measure_method(
     `repeats`. Warming every prompt (not just the first) keeps CUDA-graph capture and compilation for
     each prompt's lengths out of the timings, as a server captures its graphs before serving; a
     first-prompt-only warm-up measured up to 30x slower first runs on the H200. Methods with
-    nothing to capture per length (transformers' eager generate) warm up on the first prompt only."""
+    nothing to capture per length (transformers' eager generate, anything on CPU) warm up on the
+    first prompt only."""
     n = work.max_new_tokens
     runs = []
     for index, (prompt, ids) in enumerate(
@@ -274,7 +275,9 @@ def run_benchmark(
             warmup=cfg.warmup,
             repeats=cfg.repeats,
             settings=settings,
-            warm_every_prompt=name not in EAGER_HF_METHODS,
+            # only CUDA captures graphs and compiles per prompt length; on CPU everything runs
+            # eagerly, so warming the first prompt is enough (it halves the CPU quickstart's decode)
+            warm_every_prompt=target.device.type == "cuda" and name not in EAGER_HF_METHODS,
         )
     reference = "plain" if "plain" in results else next((n for n, r in results.items() if r.available), None)
     fill_comparisons(results, reference)

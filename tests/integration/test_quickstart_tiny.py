@@ -1,6 +1,7 @@
 """The whole quickstart pipeline on a tiny random target: data -> train -> eval -> decode -> export -> doctor."""
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -17,9 +18,10 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     try:
         target_dir = save_tiny_target(make_tiny_target("llama"), tmp_path / "target")
         stages = []
+        monkeypatch.chdir(tmp_path)  # a relative run directory, as the CLI's default `runs/quickstart`
         run = QuickstartRun(
             preset=get_preset("tiny"),
-            out_dir=tmp_path / "run",
+            out_dir=Path("run"),
             target=str(target_dir),
             on_stage=stages.append,
         )
@@ -52,3 +54,10 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     again = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir))
     run_quickstart(again)
     assert all(s.skipped for s in again.stages)
+    # From another working directory, a stage that reruns finds what the finished ones recorded.
+    (tmp_path / "run" / "decode.json").unlink()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    resumed = QuickstartRun(preset=get_preset("tiny"), out_dir=Path("../run"), target=str(target_dir))
+    run_quickstart(resumed)
+    assert [s.name for s in resumed.stages if not s.skipped] == ["decode"]

@@ -43,6 +43,11 @@ class QuickstartRun:
     on_stage: Callable[[str], None] | None = None
     on_target_report: Callable[[Any], None] | None = None  # gets the TargetReport when the target stage runs
 
+    def __post_init__(self) -> None:
+        # stage results record paths (the trained draft's, the exports'): absolute, so that a rerun
+        # from another working directory resumes the same run instead of missing its files
+        self.out_dir = Path(self.out_dir).resolve()
+
     def path(self, *parts: str) -> Path:
         return self.out_dir.joinpath(*parts)
 

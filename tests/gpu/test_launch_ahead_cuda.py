@@ -16,7 +16,7 @@ from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import DecodeTrace, speculative_generate
 from eaglewire.engine.verify import StopRule
 from tests.gpu.conftest import tiny_on_cuda
-from tests.unit.engine.conftest import Tiny
+from tests.unit.engine.conftest import Tiny, inside_blocks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -70,11 +70,7 @@ def test_eos_inside_a_round_on_graphs(cuda_tiny, shape):
     tiny, trained = cuda_tiny
     reference = tiny.references[0]
     ((free, _),) = run_both(tiny, trained, SPECS[shape], tiny.prompts[:1], StopRule(TOKENS))
-    inside, start = [], 0
-    for emitted in free.emitted_per_round:
-        inside += list(range(start, start + emitted - 1))
-        start += emitted
-    candidates = [k for k in inside if reference[k] not in reference[:k]]
+    candidates = [k for k in inside_blocks(free) if reference[k] not in reference[:k]]
     assert candidates, f"no new token inside a multi-token round: {free.emitted_per_round}"
     k = candidates[0]
     stop = StopRule(TOKENS, eos_token_ids=frozenset({reference[k]}))

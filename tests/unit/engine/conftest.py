@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.engine.speculative import DecodeTrace
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
@@ -34,6 +35,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def inside_blocks(trace: DecodeTrace) -> list[int]:
+    """Indices of generated tokens that are not the last of their round (a stop there is mid-round)."""
+    inside, start = [], 0
+    for emitted in trace.emitted_per_round:
+        inside += list(range(start, start + emitted - 1))
+        start += emitted
+    return inside
 
 
 @torch.no_grad()

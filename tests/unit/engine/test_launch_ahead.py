@@ -20,7 +20,7 @@ from eaglewire.engine.speculative import DecodeTrace, speculative_generate
 from eaglewire.engine.tree import DeviceRoot
 from eaglewire.engine.verify import DeviceVerdict, StopRule
 from eaglewire.errors import ConfigError
-from tests.unit.engine.conftest import REFERENCE_TOKENS
+from tests.unit.engine.conftest import REFERENCE_TOKENS, inside_blocks
 
 SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
 GREEDY = SamplingParams()
@@ -44,15 +44,6 @@ def assert_same(lockstep: DecodeTrace, ahead: DecodeTrace) -> None:
     assert ahead.finish_reason == lockstep.finish_reason
     assert ahead.accepted_per_round == lockstep.accepted_per_round
     assert ahead.emitted_per_round == lockstep.emitted_per_round
-
-
-def inside_blocks(trace: DecodeTrace) -> list[int]:
-    """Indices of generated tokens that are not the last of their round (a stop there is mid-round)."""
-    inside, start = [], 0
-    for emitted in trace.emitted_per_round:
-        inside += list(range(start, start + emitted - 1))
-        start += emitted
-    return inside
 
 
 @pytest.mark.parametrize("shape", sorted(SPECS))

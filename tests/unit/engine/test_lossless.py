@@ -12,7 +12,7 @@ from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
-from tests.unit.engine.conftest import REFERENCE_TOKENS, RUNNER_KINDS
+from tests.unit.engine.conftest import REFERENCE_TOKENS, RUNNER_KINDS, inside_blocks
 
 SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
 
@@ -66,11 +66,7 @@ def test_eos_inside_an_accepted_block_stops_there(tiny, trained):
         runner, Drafter(trained, spec), prompt, sampling=greedy, stop=StopRule(REFERENCE_TOKENS)
     )
     # A position that sits inside a multi-token block (not its last token), whose token is new.
-    inside, start = [], 0
-    for emitted in free.emitted_per_round:
-        inside += list(range(start, start + emitted - 1))
-        start += emitted
-    candidates = [k for k in inside if reference[k] not in reference[:k]]
+    candidates = [k for k in inside_blocks(free) if reference[k] not in reference[:k]]
     assert candidates, f"no block with >= 2 tokens: {free.emitted_per_round}"
     k = candidates[0]
     eos = reference[k]

@@ -3,16 +3,42 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
+import eaglewire.train.run as train_run
 from eaglewire.cli.quickstart import show_summary
 from eaglewire.recipes.presets import get_preset
 from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
 from tests.helpers.tiny import make_tiny_target, save_tiny_target
 
 
+def _assert_heldout_predictions(run_dir, decode, predicted_tau_chain):
+    """The decode stage's bench report and results carry the held-out (eval data) prediction of the
+    chain and the tree at the decode horizon: the eval stage's chain prediction."""
+    bench = json.loads((run_dir / "decode" / "chitchat-eval" / "bench.json").read_text())
+    rows = {(r["topk"], r["num_draft_tokens"]): r for r in bench["predictions"]}
+    chain, tree = rows[(1, 4)], rows[(2, 4)]  # the tiny preset: a chain of 3, a tree of 4 nodes, topk 2
+    assert chain["predicted_tau"] == pytest.approx(predicted_tau_chain, rel=1e-6)
+    assert tree["predicted_tau"] >= 1.0 and not tree["note"], tree
+    served = {r["method"]: r for r in bench["served_predictions"]}
+    assert served["eagle-chain"]["heldout_predicted_tau"] == chain["predicted_tau"]
+    assert served["eagle-tree"]["heldout_predicted_tau"] == tree["predicted_tau"]
+    assert decode["eagle-chain"]["heldout_predicted_tau"] == chain["predicted_tau"]
+    assert decode["eagle-tree"]["heldout_predicted_tau"] == tree["predicted_tau"]
+    assert "heldout_predicted_tau" not in decode["plain"]
+
+
 def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLEWIRE_HOME", str(tmp_path / "home"))
+    evaluations = []
+    real_run_eval = train_run.run_eval
+
+    def counted_run_eval(**kwargs):
+        evaluations.append(kwargs["data_dir"])
+        return real_run_eval(**kwargs)
+
+    monkeypatch.setattr(train_run, "run_eval", counted_run_eval)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -42,6 +68,12 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
         and chain["served_relative_error"] == 0.0
     )
     assert summary["served_predicted_tau_chain"]["chitchat-eval"] == chain["served_predicted_tau"]
+    # the decode stage reuses the eval stage's held-out evaluation: one evaluation in the run
+    assert len(evaluations) == 1 and evaluations[0] == (tmp_path / "run" / "data" / "eval").resolve()
+    _assert_heldout_predictions(tmp_path / "run", decode, summary["predicted_tau_chain"])
+    assert summary["heldout_predicted_tau"] == {
+        m: decode[m]["heldout_predicted_tau"] for m in ("eagle-chain", "eagle-tree")
+    }
     show_summary(summary)  # the CLI's tables, served column and row included
     assert summary["doctor_ok"], json.loads((tmp_path / "run" / "doctor.json").read_text())
     sglang = json.loads((tmp_path / "run" / "export" / "sglang" / "config.json").read_text())
@@ -59,5 +91,10 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     resumed = QuickstartRun(preset=get_preset("tiny"), out_dir=Path("../run"), target=str(target_dir))
-    run_quickstart(resumed)
+    resumed_summary = run_quickstart(resumed)
     assert [s.name for s in resumed.stages if not s.skipped] == ["decode"]
+    # the eval stage finished in an earlier run: the resumed decode stage evaluates the held-out data itself
+    assert len(evaluations) == 2
+    _assert_heldout_predictions(
+        tmp_path / "run", resumed_summary["decode"]["chitchat-eval"], summary["predicted_tau_chain"]
+    )

@@ -61,6 +61,11 @@ def show_summary(summary: dict[str, Any]) -> None:
         [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
         + [
             ["predicted tau (chain, held-out)", _fmt(summary["predicted_tau_chain"])],
+            # older run directories (resumed) have no tree prediction: "-"
+            [
+                "predicted tau (tree, held-out)",
+                _fmt(summary.get("heldout_predicted_tau", {}).get("eagle-tree")),
+            ],
             ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],
         ],
     )

@@ -15,11 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from eaglewire.data.formats import Conversation
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import QuickstartPreset
+
+if TYPE_CHECKING:
+    from eaglewire.bench.prediction import PredictionRow
+    from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -198,22 +202,41 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
     }
 
 
-def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
+def evaluate_heldout(run: QuickstartRun, draft_dir: Path) -> EvalResult:
+    """The trainer's offline evaluation of the draft on the held-out eval data (whole responses):
+    what the eval stage reports and, cut to the decode horizon, what the decode stage's held-out
+    prediction replays. Deep enough for the chain, the tree and the trained steps."""
     from eaglewire.train.run import run_eval
 
     p = run.preset
-    result = run_eval(
+    return run_eval(
         draft_dir=draft_dir,
         target=run.target,
         data_dir=run.path("data", "eval"),
-        num_steps=max(p.chain_steps, p.ttt_steps),
+        num_steps=max(p.chain_steps, p.ttt_steps, p.tree_num_steps),
         max_length=p.max_length,
         device=p.device,
         target_dtype=p.target_dtype,
     )
+
+
+def at_decode_horizon(run: QuickstartRun, result: EvalResult) -> EvalResult:
+    """`result` replaying only the first decode_max_new_tokens of each response, as the decode stage
+    generates at most that many tokens per prompt."""
+    return replace(result, horizon=run.preset.decode_max_new_tokens)
+
+
+def stage_eval(
+    run: QuickstartRun, draft_dir: Path, *, keep: Callable[[EvalResult], None] | None = None
+) -> dict[str, Any]:
+    """Evaluate the draft on the held-out data; `keep` gets the result at the decode horizon (the
+    decode stage's held-out predictor, so that a run evaluates once)."""
+    p = run.preset
+    result = evaluate_heldout(run, draft_dir)
     summary = result.summary()
-    # the decode stage generates at most decode_max_new_tokens per prompt: predict that horizon
-    at_decode = replace(result, horizon=p.decode_max_new_tokens)
+    at_decode = at_decode_horizon(run, result)
+    if keep is not None:
+        keep(at_decode)
     return {
         "summary": summary,
         "predicted_tau_chain": at_decode.tau_chain(p.chain_steps),
@@ -222,8 +245,13 @@ def stage_eval(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
     }
 
 
-def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, Any]:
-    """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts."""
+def stage_decode(
+    run: QuickstartRun, loaded: Any, draft_dir: Path, *, heldout: EvalResult | None = None
+) -> dict[str, Any]:
+    """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts, with
+    the held-out prediction of each speculative setting beside its measured tau. `heldout`: the eval
+    stage's result at the decode horizon when that stage ran in this process; None evaluates here
+    (a resumed run whose eval stage finished earlier)."""
     from eaglewire.bench.baselines import HF_METHODS
     from eaglewire.bench.engine_adapter import load_engine
     from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
@@ -231,6 +259,9 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
 
     p = run.preset
     out: dict[str, Any] = {}
+    if heldout is None:
+        log.info("held-out prediction: evaluating the draft on the held-out data (eval stage ran earlier)")
+        heldout = at_decode_horizon(run, evaluate_heldout(run, draft_dir))
     prompt_sets = {name: load_prompt_set(name, p.decode_prompts) for name in p.prompt_sets}
     # one engine for every prompt set: each decoder compiles and captures its graphs once
     nodes = max(p.tree_num_draft_tokens, p.chain_steps + 1)
@@ -251,13 +282,14 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
             warmup=1,
             repeats=p.timing_repeats,
         )
-        report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine)
+        report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine, predictor=heldout)
         report.write(run.path("decode", name))
         served = {row.method: row for row in report.served_predictions}
         out[name] = {
             m: {
                 "tokens_per_s": r.tokens_per_s,
                 "tau": r.tau,
+                **_heldout_fields(r.settings, report.predictions),
                 "speedup_vs_plain": r.speedup_vs_plain,
                 "decode_tokens_per_s": r.decode_tokens_per_s,
                 "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
@@ -269,6 +301,19 @@ def stage_decode(run: QuickstartRun, loaded: Any, draft_dir: Path) -> dict[str, 
             if r.available
         }
     return out
+
+
+def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:
+    """A speculative method's held-out prediction (`eaglewire.bench.prediction`): its row of `rows`
+    is the one for its setting; other methods have none."""
+    row = next((r for r in rows if r.setting == settings), None)
+    if row is None:
+        return {}
+    return {
+        "heldout_predicted_tau": row.predicted_tau,
+        "heldout_relative_error": row.relative_error,
+        "heldout_prediction_note": row.note,
+    }
 
 
 def _served_fields(row: Any) -> dict[str, Any]:
@@ -291,6 +336,17 @@ def served_tau_chain(decoded: dict[str, Any]) -> dict[str, float | None]:
     return {
         name: methods.get("eagle-chain", {}).get("served_predicted_tau") for name, methods in decoded.items()
     }
+
+
+def heldout_tau(decoded: dict[str, Any]) -> dict[str, float | None]:
+    """Per speculative method: its tau predicted on the held-out data at the decode horizon (the same
+    for every prompt set; None where not made)."""
+    out: dict[str, float | None] = {}
+    for methods in decoded.values():
+        for method, r in methods.items():
+            if "heldout_predicted_tau" in r and out.get(method) is None:
+                out[method] = r["heldout_predicted_tau"]
+    return out
 
 
 def stage_export(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
@@ -357,14 +413,18 @@ def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
     run.stage("data", lambda: stage_data(run, loaded))
     trained = run.stage("train", lambda: stage_train(run))
     draft_dir = Path(trained["draft_dir"])
-    evaluated = run.stage("eval", lambda: stage_eval(run, draft_dir))
-    decoded = run.stage("decode", lambda: stage_decode(run, loaded, draft_dir))
+    kept: list[EvalResult] = []  # the eval stage's result at the decode horizon, if it runs in this process
+    evaluated = run.stage("eval", lambda: stage_eval(run, draft_dir, keep=kept.append))
+    decoded = run.stage(
+        "decode", lambda: stage_decode(run, loaded, draft_dir, heldout=next(iter(kept), None))
+    )
     run.stage("export", lambda: stage_export(run, draft_dir))
     doctored = run.stage("doctor", lambda: stage_doctor(run))
     summary = {
         "preset": run.preset.name,
         "stage_seconds": {s.name: s.seconds for s in run.stages},
         "predicted_tau_chain": evaluated.get("predicted_tau_chain"),  # held-out records
+        "heldout_predicted_tau": heldout_tau(decoded),  # per speculative method, at the decode horizon
         "served_predicted_tau_chain": served_tau_chain(decoded),  # per prompt set, on the text it served
         "decode": decoded,
         "doctor_ok": all(v["ok"] for v in doctored.values()),

@@ -45,6 +45,9 @@ from eaglewire.target.runtime.kv_cache import kv_bucket
 log = logging.getLogger(__name__)
 
 TOP_K_ROUND = SamplingParams()  # what a graphed round is built with (see Drafter._capture_tree)
+# Dims of the draft cache's buffers [1, nkv, capacity, hd] that are fixed for a drafter (batch,
+# KV heads, head size); only the capacity grows. See Drafter._pin_cache_shape.
+CACHE_FIXED_DIMS = (0, 1, 3)
 
 
 class Drafter:
@@ -97,6 +100,7 @@ class Drafter:
         # elementwise ones and the CUDA graph replays the fused kernels. On an H200 (SmolLM2-shaped
         # draft, benchmarks/draft_speed.py) a 5-step chain went 1.15 -> 0.82 ms, an extend 0.17 -> 0.09 ms.
         self.compiled = self.use_graphs if compile is None else compile
+        self._pin_cache_shape()
         # a private code object per drafter: compiled entries are kept per code object, so drafters
         # sharing Eagle3Draft.forward's (a sweep builds one per setting) would pile up recompiles
         forward = types.MethodType(own_code(type(draft).forward), draft)
@@ -299,10 +303,27 @@ class Drafter:
             return None
         return graph.run(values)
 
+    def _pin_cache_shape(self) -> None:
+        """Tell torch.compile that the cache buffers' CACHE_FIXED_DIMS are constants.
+
+        Both compiled functions use dynamic=True, so every size they read is a symbol unless marked.
+        With a symbolic KV-head count, the attention's `enable_gqa=key.shape[1] != q.shape[1]` is a
+        SymBool, which scaled_dot_product_attention rejects on torch 2.11 ("argument 'enable_gqa' must
+        be bool, not SymBool"): a graph break in every draft forward. Inside the round's depth loop
+        dynamo cannot resume from it, so it runs `_draft_rows` eagerly and compiles each call made
+        there as its own frame: `CandidatePool.add` once per pool length, up to the recompile limit.
+        Marked static, the count is an int and the round traces as one graph. The capacity stays
+        symbolic, so a grown cache needs no recompile."""
+        if not self.compiled:
+            return
+        for buffer in (self.cache.key, self.cache.value):  # [1, nkv, capacity, hd]
+            torch._dynamo.mark_static(buffer, list(CACHE_FIXED_DIMS))  # torch types a tuple index as 1-long
+
     # -- device work (graph-capturable: no host reads, no allocation that depends on device values) --
     def _prepare(self, rows: int) -> int:
         """Room for `rows` cache rows; return the attended window (the caller publishes `_committed`)."""
         if self.cache.ensure(rows):
+            self._pin_cache_shape()  # new buffers: mark them again
             self._slots = torch.arange(self.cache.capacity, device=self.device)
             if self._graphs is not None:
                 self._graphs.clear()  # captured graphs point at the old buffers

@@ -7,7 +7,9 @@ Two loops on the reference target (SmolLM2-135M-Instruct, bf16):
   (acceptance does not matter here: every round drafts, verifies and commits the same amount),
   each with both round loops: lockstep (the host reads each verdict before it enqueues the next
   round) and launch-ahead (`engine.pipelined`: the next round is enqueued first), ending with a
-  table of wall ms per round side by side and whether the two loops produced the same tokens;
+  table of wall ms per round side by side and whether the two loops produced the same tokens,
+  and for each loop the functions where the host spends its time per round (cProfile, `--host-top`):
+  with the next round in flight, that host time is what a launch-ahead round still waits for;
 * batched plain generation (`generate_plain_with_stats`, what regeneration runs) at several
   batch sizes, every row running to `--new-tokens` (no eos), first call (captures graphs) and
   second call (warm);
@@ -31,7 +33,9 @@ round, and an extend of 3 rows. When the host is slower than the GPU the two agr
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +86,32 @@ def timed_wall(fn: Callable[[], Any], device: torch.device) -> float:
     fn()
     _sync(device)
     return (time.perf_counter() - t0) * 1e3
+
+
+def host_functions(
+    fn: Callable[[], Any], device: torch.device, rounds: int, top: int
+) -> list[dict[str, Any]]:
+    """Where the host's time goes in one call of `fn`: the `top` functions by own time under
+    cProfile, per round. Time blocked on the GPU shows as the own time of the wait that blocks
+    (`Event.synchronize`): when it is small, the loop is bound by this Python, not by the GPU.
+    cProfile's own overhead inflates every figure; compare them with each other."""
+    _sync(device)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()
+    _sync(device)
+    profiler.disable()
+    entries = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    ranked = sorted(entries.items(), key=lambda kv: -kv[1][2])[:top]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls_per_round": round(nc / rounds, 2),
+            "own_us_per_round": round(tt / rounds * 1e6, 1),
+            "cumulative_us_per_round": round(ct / rounds * 1e6, 1),
+        }
+        for (file, line, name), (_cc, nc, tt, ct, _callers) in ranked
+    ]
 
 
 def random_draft(target: LoadedTarget, vd: int) -> Eagle3Draft:
@@ -147,6 +177,7 @@ def speculative_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dic
                     "idle_ms_per_round": (wall_prof - kern) / n,
                     "profiled_wall_ms_per_round": wall_prof / n,
                     "top_kernels_ms": top,
+                    "host_functions": host_functions(run, dev, n, args.host_top) if args.host_top else [],
                 }
             )
         # bf16: the launch-ahead extend feeds a round's P path rows, not its n accepted ones, so a
@@ -167,6 +198,19 @@ def print_round_loops(rows: list[dict[str, Any]]) -> None:
             f"{setting:<20} {lock['wall_ms_per_round']:>9.3f} {ahead['wall_ms_per_round']:>13.3f} "
             f"{saved:>7.3f} {ahead['kernel_ms_per_round']:>10.3f}  {ahead['same_tokens_as_lockstep']}"
         )
+
+
+def print_host_functions(rows: list[dict[str, Any]]) -> None:
+    """Each round loop's top functions by the host's own time per round (cProfile)."""
+    for r in rows:
+        if not r.get("host_functions"):
+            continue
+        print(f"host time per round, {r['loop']} / {r['setting']} (cProfile: own us, cumulative us, calls)")
+        for f in r["host_functions"]:
+            print(
+                f"  {f['own_us_per_round']:>8.1f} {f['cumulative_us_per_round']:>9.1f} "
+                f"{f['calls_per_round']:>6.2f}  {f['function']}"
+            )
 
 
 def per_call_ms(
@@ -364,6 +408,9 @@ def main() -> None:
     ap.add_argument("--regen-rows", type=int, default=256, help="regeneration rows: runner batch")
     ap.add_argument("--regen-new-tokens", type=int, default=256)
     ap.add_argument("--rounds-only", action="store_true", help="only the speculative round loops")
+    ap.add_argument(
+        "--host-top", type=int, default=15, help="per round loop, this many functions by host time (0: none)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.tiny:
@@ -403,6 +450,7 @@ def main() -> None:
             )
         )
 
+    print_host_functions(rows)
     print()
     print_round_loops(rows)
 

@@ -177,10 +177,10 @@ profile() {
   return "${PIPESTATUS[0]}"
 }
 
-# wall vs kernel time per decoding step: speculative rounds (lockstep and launch-ahead), batched
+# wall vs kernel time per decoding step (and the host's top functions per round): speculative rounds (lockstep and launch-ahead), batched
 # plain decoding. LOOP_PROFILE_ARGS: extra flags (e.g. --rounds-only, the round loops alone).
 # shellcheck disable=SC2086 # LOOP_PROFILE_ARGS: word-split on purpose
-do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 30 ${LOOP_PROFILE_ARGS:-}; }
+do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 130 ${LOOP_PROFILE_ARGS:-}; }
 # where a training step's time goes (target side, forward, backward, update), eager and compiled
 do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40; }
 

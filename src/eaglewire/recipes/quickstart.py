@@ -262,7 +262,8 @@ def stage_decode(
     if heldout is None:
         log.info("held-out prediction: evaluating the draft on the held-out data (eval stage ran earlier)")
         heldout = at_decode_horizon(run, evaluate_heldout(run, draft_dir))
-    prompt_sets = {name: load_prompt_set(name, p.decode_prompts) for name in p.prompt_sets}
+    runs = decode_runs(p)
+    prompt_sets = {r.name: load_prompt_set(r.prompt_set, r.num_prompts) for r in runs}
     # one engine for every prompt set: each decoder compiles and captures its graphs once
     nodes = max(p.tree_num_draft_tokens, p.chain_steps + 1)
     room = max(
@@ -270,8 +271,9 @@ def stage_decode(
         for prompts in prompt_sets.values()
     )
     engine = load_engine(loaded, draft_dir, max_seq_len=room)
-    for name, prompts in prompt_sets.items():
-        hf = HF_METHODS if name in p.hf_baseline_sets else ()
+    for bench_run in runs:
+        name, prompts = bench_run.name, prompt_sets[bench_run.name]
+        hf = HF_METHODS if bench_run.with_baselines else ()
         cfg = BenchConfig(
             max_new_tokens=p.decode_max_new_tokens,
             methods=("plain", "eagle-chain", "eagle-tree", *hf),
@@ -301,6 +303,29 @@ def stage_decode(
             if r.available
         }
     return out
+
+
+WHOLE_SUFFIX = "-all"  # a prompt set decoded whole (QuickstartPreset.whole_sets)
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """One bench run of the decode stage."""
+
+    name: str  # where its results go: decode/<name>, and its key in the decode stage's result
+    prompt_set: str
+    num_prompts: int | None  # the first this many prompts; None = all
+    with_baselines: bool  # also time the transformers baselines (~27 ms a token on an H200)
+
+
+def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
+    """Every prompt set's first decode_prompts with every method, then each whole set, every
+    prompt, with our decoders only."""
+    firsts = [
+        DecodeRun(name, name, preset.decode_prompts, name in preset.hf_baseline_sets)
+        for name in preset.prompt_sets
+    ]
+    return firsts + [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
 
 
 def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:

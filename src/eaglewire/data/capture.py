@@ -81,20 +81,40 @@ def _batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int) -> 
     return out
 
 
-def _to_host(
-    aux: torch.Tensor, final: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
-    """Start copying aux [B, T, A*Ht] and final [B, T, Ht] into pinned host memory; the event
-    marks their arrival (None: already on the host)."""
-    if aux.device.type != "cuda":
-        return aux, final, None
+@dataclass
+class HostCopy:
+    """A batch's states on their way to pinned host memory: aux [B, T, A*Ht], final [B, T, Ht];
+    `arrived` marks the end of the copy (None: already on the host)."""
+
+    aux: torch.Tensor
+    final: torch.Tensor
+    arrived: torch.cuda.Event | None
+
+    def wait(self) -> None:
+        if self.arrived is not None:
+            self.arrived.synchronize()
+
+
+def _to_host(aux: torch.Tensor, final: torch.Tensor, copy_stream: torch.cuda.Stream | None) -> HostCopy:
+    """Start copying aux [B, T, A*Ht] and final [B, T, Ht] into pinned host memory on `copy_stream`.
+
+    On the compute stream the copy (~75 MB a batch for SmolLM2) would sit between two forwards on
+    the GPU's timeline; on its own stream a copy engine moves it while the next batch's forward
+    runs. record_stream keeps the caching allocator from handing the device tensors' memory to that
+    forward before the copy has read it."""
+    if aux.device.type != "cuda" or copy_stream is None:
+        return HostCopy(aux, final, None)
     aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
     final_host = torch.empty(final.shape, dtype=final.dtype, pin_memory=True)
-    aux_host.copy_(aux, non_blocking=True)
-    final_host.copy_(final, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return aux_host, final_host, copied
+    copy_stream.wait_stream(torch.cuda.current_stream(aux.device))  # the states are written
+    with torch.cuda.stream(copy_stream):
+        aux_host.copy_(aux, non_blocking=True)
+        final_host.copy_(final, non_blocking=True)
+        arrived = torch.cuda.Event()
+        arrived.record(copy_stream)
+    aux.record_stream(copy_stream)
+    final.record_stream(copy_stream)
+    return HostCopy(aux_host, final_host, arrived)
 
 
 def capture_records(
@@ -108,14 +128,15 @@ def capture_records(
 ) -> list[CapturedRecord]:
     """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`.
 
-    On CUDA every batch's states are copied into pinned host memory without waiting (the copy of
-    batch i overlaps the forward of batch i+1; a pageable `.cpu()` would stall the GPU once per
-    batch); the records are cut out once all batches are queued."""
+    On CUDA every batch's states are copied into pinned host memory on a copy stream, without
+    waiting (the copy of batch i overlaps the forward of batch i+1; a pageable `.cpu()` would stall
+    the GPU once per batch); the records are cut out once all batches are queued."""
     recs = [dataset[i] for i in indices]
     lengths = [int(r.input_ids.numel()) for r in recs]
     device = target.device
     on_cuda = device.type == "cuda"
-    queued: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.cuda.Event | None]] = []
+    copy_stream = torch.cuda.Stream(device) if on_cuda else None
+    queued: list[tuple[list[int], HostCopy]] = []
     for group in _batches(lengths, batch_size, max_batch_tokens):
         width = max(lengths[i] for i in group)
         ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T] right-padded
@@ -132,11 +153,11 @@ def capture_records(
             final=contract.final,
             attention_mask=attn.to(device, non_blocking=True),
         )
-        queued.append((group, *_to_host(states.aux, states.final)))
+        queued.append((group, _to_host(states.aux, states.final, copy_stream)))
     out: list[CapturedRecord | None] = [None] * len(recs)
-    for group, aux, final, copied in queued:
-        if copied is not None:
-            copied.synchronize()  # the host buffers hold this batch now
+    for group, host in queued:
+        host.wait()  # the host buffers hold this batch now
+        aux, final = host.aux, host.final
         for row, i in enumerate(group):
             T = lengths[i]
             out[i] = CapturedRecord(

@@ -1,0 +1,62 @@
+"""On CUDA, capture_records copies each batch's states to pinned host memory on a copy stream while
+later batches run: every record equals the same batch captured and read back synchronously, and the
+shards capture_dataset writes hold the CPU capture's values (float32).
+
+Runs only where CUDA is present (the device machine): `pytest tests/gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglewire.data.build import build_dataset
+from eaglewire.data.capture import _batches, capture_dataset, capture_records
+from eaglewire.data.shards import ShardDataset
+from eaglewire.target.capture import capture
+from eaglewire.target.identity import build_contract
+from tests.helpers.tiny import make_tiny_target, tiny_tokenizer
+from tests.unit.data.test_shards import convs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+BATCH_SIZE = 3
+MAX_BATCH_TOKENS = 4096
+
+
+def test_copy_stream_records_equal_a_synchronous_read_back(tmp_path) -> None:
+    target = make_tiny_target("llama", num_layers=8)
+    dataset = build_dataset(convs(23), tiny_tokenizer(), max_length=64, show_progress=False)[0]
+    contract = build_contract(target, None, final_norm="pre", fingerprint=False)
+    cpu_shards = tmp_path / "cpu"
+    capture_dataset(target, dataset, cpu_shards, shard_records=5, batch_size=BATCH_SIZE, show_progress=False)
+    target.model.to("cuda")
+    indices = list(range(len(dataset)))
+    records = capture_records(
+        target, dataset, indices, contract, batch_size=BATCH_SIZE, max_batch_tokens=MAX_BATCH_TOKENS
+    )
+    lengths = [int(dataset[i].input_ids.numel()) for i in indices]
+    with torch.no_grad():
+        for group in _batches(lengths, BATCH_SIZE, MAX_BATCH_TOKENS):
+            width = max(lengths[i] for i in group)
+            ids = torch.zeros((len(group), width), dtype=torch.long)
+            attn = torch.zeros((len(group), width), dtype=torch.long)
+            for row, i in enumerate(group):
+                ids[row, : lengths[i]] = dataset[i].input_ids
+                attn[row, : lengths[i]] = 1
+            states = capture(
+                target.model,
+                ids.cuda(),
+                aux_boundaries=contract.aux_boundaries,
+                final=contract.final,
+                attention_mask=attn.cuda(),
+            )
+            aux, final = states.aux.cpu(), states.final.cpu()  # synchronous
+            for row, i in enumerate(group):
+                assert torch.equal(records[i].aux, aux[row, : lengths[i]]), i
+                assert torch.equal(records[i].final, final[row, : lengths[i]]), i
+    cuda_shards = tmp_path / "cuda"
+    capture_dataset(target, dataset, cuda_shards, shard_records=5, batch_size=BATCH_SIZE, show_progress=False)
+    on_cpu, on_cuda = ShardDataset(cpu_shards), ShardDataset(cuda_shards)
+    for i in range(len(dataset)):
+        torch.testing.assert_close(on_cuda[i].aux, on_cpu[i].aux, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(on_cuda[i].final, on_cpu[i].final, atol=1e-4, rtol=1e-4)

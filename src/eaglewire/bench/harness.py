@@ -13,7 +13,9 @@ Methods (`METHODS`):
 
 Timing (`eaglewire.bench.timing`): per method and prompt, `warmup` untimed runs, then `repeats`
 timed ones (CUDA events on a GPU, perf_counter on CPU); a prompt's time is the median. Greedy outputs of every method are compared with `plain` (or the first method that ran)
-and every difference is reported; a speculative decoder that differs from plain greedy is a bug.
+and every difference is reported with the target's logit margin there (`eaglewire.bench.divergence`):
+a speculative decoder that differs from plain greedy at a clear margin is a bug; at a near-tie it is
+the dtype's rounding (bf16: the verify and decode forwards round differently).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from eaglewire.bench.baselines import (
     make_hf_baseline,
     static_compiled_unavailable,
 )
+from eaglewire.bench.divergence import add_margins
 from eaglewire.bench.engine_adapter import (
     Engine,
     Outcome,
@@ -281,6 +284,16 @@ def run_benchmark(
         )
     reference = "plain" if "plain" in results else next((n for n, r in results.items() if r.available), None)
     fill_comparisons(results, reference)
+    if reference is not None:
+        prompt_ids = {p.prompt_id: ids for p, ids in zip(prompts.prompts, work.prompt_ids, strict=True)}
+        for r in results.values():
+            add_margins(
+                target,
+                prompt_ids,
+                results[reference].runs,
+                r.mismatches or [],
+                dtype=dtype_name(target.dtype),
+            )
     info = {
         "target": str(target.path),
         "draft": None if draft_dir is None else str(draft_dir),

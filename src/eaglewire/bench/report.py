@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from eaglewire.bench.prediction import PredictionRow, prediction_markdown, prediction_summary
-from eaglewire.bench.results import CYCLE_PHASES, MethodResult
+from eaglewire.bench.results import CYCLE_PHASES, MethodResult, Mismatch
 from eaglewire.bench.served import ServedPrediction, served_markdown, served_summary
 from eaglewire.io_utils import atomic_write_json, atomic_write_text
 
@@ -97,7 +97,7 @@ class BenchReport:
             for mm in r.mismatches or []:
                 notes.append(
                     f"- `{r.method}` differs from `{self.reference}` on {mm.prompt_id} at generated token "
-                    f"{mm.position}: {mm.token} vs {mm.reference_token}"
+                    f"{mm.position}: {mm.token} vs {mm.reference_token}{_margin_note(mm)}"
                 )
         if notes:
             lines += ["", *notes]
@@ -113,6 +113,25 @@ class BenchReport:
         if m.get("command"):
             lines += ["", f"Command: `{m['command']}`"]
         return "\n".join(lines) + "\n"
+
+
+def _margin_note(mm: Mismatch) -> str:
+    """The target's margin at a first difference (eaglewire.bench.divergence), and what it means."""
+    if mm.margin is None:
+        return ""
+    meaning = "a near-tie: rounding" if mm.near_tie else "NOT a near-tie: a bug, not rounding"
+    return f" (the target's logit margin there {mm.margin:.3f}: {meaning})"
+
+
+def _ties_note(mismatches: list[Mismatch]) -> str:
+    """', all at near-ties' / ', k not at a near-tie' for the greedy column (nothing when not measured)."""
+    measured = [m for m in mismatches if m.near_tie is not None]
+    if not measured:
+        return ""
+    clear = sum(1 for m in measured if not m.near_tie)
+    if clear:
+        return f", {clear} NOT at a near-tie"
+    return ", all at near-ties" if len(measured) == len(mismatches) else ", measured ones at near-ties"
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
@@ -141,7 +160,11 @@ def markdown_table(results: dict[str, MethodResult], reference: str | None) -> s
         elif r.mismatches is None:
             greedy = "-"
         else:
-            greedy = "yes" if not r.mismatches else f"NO ({len(r.mismatches)}/{len(r.runs)} prompts differ)"
+            greedy = (
+                "yes"
+                if not r.mismatches
+                else f"NO ({len(r.mismatches)}/{len(r.runs)} prompts differ{_ties_note(r.mismatches)})"
+            )
         rows.append(
             f"| {r.method} | {setting} | {_fmt(r.tokens_per_s, '.1f')} | {_fmt(r.speedup_vs_plain, '.2f', 'x')} | "
             f"{_fmt(r.speedup_vs_hf_generate, '.2f', 'x')} | {_fmt(r.decode_tokens_per_s, '.1f')} | "

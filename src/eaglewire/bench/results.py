@@ -77,10 +77,14 @@ class Mismatch:
     position: int  # first differing generated token
     token: int | None  # this method's token there (None: its output ended)
     reference_token: int | None
+    # the target's logit(reference_token) - logit(token) there (eaglewire.bench.divergence); None: not measured
+    margin: float | None = None
+    near_tie: bool | None = None  # whether the run's dtype's rounding can explain the margin
 
     def to_json(self) -> dict[str, Any]:
         return {"prompt_id": self.prompt_id, "position": self.position, "token": self.token,
-                "reference_token": self.reference_token}  # fmt: skip
+                "reference_token": self.reference_token, "margin": self.margin,
+                "near_tie": self.near_tie}  # fmt: skip
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

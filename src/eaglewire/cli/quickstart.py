@@ -31,6 +31,14 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _same(identical: bool | None, at_near_ties: bool | None) -> str:
+    if identical is None:
+        return "-"
+    if identical:
+        return "yes"
+    return "ties" if at_near_ties else "NO"
+
+
 def show_summary(summary: dict[str, Any]) -> None:
     rows = []
     for prompt_set, methods in summary["decode"].items():
@@ -45,7 +53,7 @@ def show_summary(summary: dict[str, Any]) -> None:
                     _fmt(r.get("served_predicted_tau")),
                     _fmt(r["speedup_vs_plain"]),
                     _fmt(r.get("decode_speedup_vs_plain")),
-                    "-" if same is None else ("yes" if same else "NO"),
+                    _same(same, r.get("differences_at_near_ties")),
                 ]
             )
     print_table(
@@ -53,7 +61,8 @@ def show_summary(summary: dict[str, Any]) -> None:
         ["prompts", "method", "tok/s", "tau", "pred", "speedup", "decode", "same"],
         rows,
         caption="pred: tau predicted offline on the served text; decode: the decode-only speedup; "
-        "same: greedy text equal to plain",
+        "same: greedy text equal to plain (ties: it parts only where the target's two best tokens "
+        "are nearly tied, the dtype's rounding; NO: a difference at a clear margin, a bug)",
     )
     print_table(
         "quickstart: stages",

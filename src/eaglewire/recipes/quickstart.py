@@ -296,6 +296,8 @@ def stage_decode(
                 "decode_tokens_per_s": r.decode_tokens_per_s,
                 "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
                 "identical_to_plain": None if r.mismatches is None else not r.mismatches,
+                # every difference at a near-tie of the target's logits (rounding, not a bug)
+                "differences_at_near_ties": _at_near_ties(r.mismatches),
                 "per_position_acceptance": r.per_position_acceptance,
                 **_served_fields(served.get(m)),
             }
@@ -326,6 +328,13 @@ def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
         for name in preset.prompt_sets
     ]
     return firsts + [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
+
+
+def _at_near_ties(mismatches: list[Any] | None) -> bool | None:
+    """True when every greedy difference was measured at a near-tie (`eaglewire.bench.divergence`),
+    False when one was not, None when there are none (or none was measured)."""
+    flags = [m.near_tie for m in mismatches or [] if m.near_tie is not None]
+    return all(flags) if flags else None
 
 
 def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:

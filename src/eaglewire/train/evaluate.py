@@ -191,6 +191,22 @@ def response_spans(valid0: torch.Tensor, segments: Sequence[int]) -> list[tuple[
     return [(int(a), int(b) + 1) for a, b in zip(starts, ends, strict=True)]
 
 
+def response_turns(spans: Sequence[tuple[int, int]], segments: Sequence[int]) -> list[int]:
+    """The 1-based index of each span (`response_spans`) among its record slice's responses: 1 for
+    a conversation's first answer, 2 for the answer after the second user turn, ..."""
+    ends, offset = [], 0
+    for size in segments:
+        offset += size
+        ends.append(offset)
+    turns, slice_index, turn = [], -1, 0
+    for start, _ in spans:
+        index = next(i for i, end in enumerate(ends) if start < end)
+        turn = turn + 1 if index == slice_index else 1
+        slice_index = index
+        turns.append(turn)
+    return turns
+
+
 @dataclass(frozen=True)
 class Replay:
     """Greedy speculative decoding replayed over held-out responses (see the module docstring)."""
@@ -289,6 +305,12 @@ class EvalResult:
             out["position_averaged_tau_chain"] = [self.position_averaged_tau_chain(k) for k in ks]
             out["predicted_per_position_acceptance"] = longest.per_position_acceptance
             out["replay_rounds"] = longest.rounds
+            by_turn = {k: self.replay_chain_by_turn(k) for k in ks}
+            # {turn: [tau of the chain of k for k = 1..S]} and the responses' rounds at k = S
+            out["predicted_tau_chain_by_turn"] = {
+                str(t): [by_turn[k][t].tau for k in ks] for t in by_turn[self.num_steps]
+            }
+            out["replay_rounds_by_turn"] = {str(t): r.rounds for t, r in by_turn[self.num_steps].items()}
         return out
 
     def replay_tree(self, tree: Sequence[Sequence[int]]) -> Replay:
@@ -304,6 +326,21 @@ class EvalResult:
             segments = self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
             self._replays[nodes] = replay_tree(self.ranks, self.valid, segments, nodes, self.horizon)
         return self._replays[nodes]
+
+    def replay_chain_by_turn(self, k: int) -> dict[int, Replay]:
+        """The chain-of-k replay split by answer: turn 1 = every record's first answer (what a
+        benchmark prompt's answer is), turn 2 the next, ... A held-out set of multi-turn records
+        predicts first answers only as well as its turns resemble each other: this says."""
+        if k < 1 or k > self.num_steps:
+            raise ConfigError(f"chain length k={k}: expected 1..{self.num_steps}")
+        self.replay_tree(chain_tree(k))  # the checks (per-position ranks kept)
+        segments = self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
+        accepted = accepted_drafts(self.ranks, self.valid, chain_tree(k))
+        spans = response_spans(self.valid[:, 0], segments)
+        by_turn: dict[int, list[tuple[int, int]]] = {}
+        for span, turn in zip(spans, response_turns(spans, segments), strict=True):
+            by_turn.setdefault(turn, []).append(span)
+        return {t: replay_accepted(accepted, by_turn[t], k, self.horizon) for t in sorted(by_turn)}
 
     def replay_chain(self, k: int) -> Replay:
         if k < 0 or k > self.num_steps:

@@ -18,6 +18,7 @@ from eaglewire.train.evaluate import (
     replay_accepted,
     replay_tree,
     response_spans,
+    response_turns,
 )
 from eaglewire.train.loss import StepCounts
 from eaglewire.train.target_side import OfflineTarget, TargetHead
@@ -113,6 +114,28 @@ def test_replay_walks_each_response_of_each_record():
     assert (empty.tau, empty.rounds) == (1.0, 0)
     with pytest.raises(ValueError, match="segments"):
         response_spans(valid0, [5, 7])
+
+
+def test_replay_by_turn_splits_each_records_answers():
+    # Slices of 5 rows (one answer: rows 1-4) and 8 rows (answers at rows 0-2 and 5-7), as above.
+    valid0 = torch.tensor([0, 1, 1, 1, 1] + [1, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
+    spans = response_spans(valid0, [5, 8])
+    assert response_turns(spans, [5, 8]) == [1, 1, 2]
+    assert response_turns(response_spans(valid0, [13]), [13]) == [1, 2]  # one slice: rows 1-7 are one answer
+    # step-0 ranks: 0 = right; turn 1's answers (rows 1-4, 5-7) all right, turn 2's (10-12) all wrong
+    ranks = torch.tensor([[5], [0], [0], [0], [0], [0], [0], [0], [5], [5], [1], [1], [1]], dtype=torch.int16)
+    valid = valid0[:, None]
+    counts = StepCounts(1)
+    res = EvalResult(counts, [1.0], ranks, valid, records=2, tokens=13, segments=(5, 8))
+    by_turn = res.replay_chain_by_turn(1)
+    # turn 1: rounds at rows 1, 3 and 5, 7 accept their draft -> 4 rounds of 2 tokens; turn 2: rows 10,
+    # 11, 12 accept none -> 3 rounds of 1 token
+    assert {t: (r.rounds, r.tokens) for t, r in by_turn.items()} == {1: (4, 8), 2: (3, 3)}
+    whole = res.replay_chain(1)
+    assert whole.rounds == sum(r.rounds for r in by_turn.values())
+    assert whole.tokens == sum(r.tokens for r in by_turn.values())
+    with pytest.raises(ConfigError, match="chain length"):
+        res.replay_chain_by_turn(2)
 
 
 def test_replay_tree_follows_the_true_rank_path():

@@ -317,7 +317,7 @@ class Drafter:
         if not self.compiled:
             return
         for buffer in (self.cache.key, self.cache.value):  # [1, nkv, capacity, hd]
-            torch._dynamo.mark_static(buffer, list(CACHE_FIXED_DIMS))  # torch types a tuple index as 1-long
+            torch._dynamo.mark_static(buffer, list(CACHE_FIXED_DIMS))  # a list: its stub takes int or list
 
     # -- device work (graph-capturable: no host reads, no allocation that depends on device values) --
     def _prepare(self, rows: int) -> int:

@@ -29,6 +29,13 @@ from eaglewire.bench.prediction import PredictionRow, TauPredictor, prediction_r
 from eaglewire.bench.prompts import PromptSet
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.bench.results import MethodResult, PromptRun, compare_outputs
+from eaglewire.bench.served import (
+    ServedInputs,
+    ServedPrediction,
+    served_markdown,
+    served_predictions,
+    served_summary,
+)
 from eaglewire.engine.spec_args import SpecArgs, spec_args_warnings
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
@@ -60,6 +67,11 @@ class SweepConfig:
     warmup: int = help_field("untimed runs of each prompt per setting, before its timed runs", default=1)
     repeats: int = help_field("timed runs per prompt; the median is used", default=1)
     chat: bool = help_field("apply the target's chat template", default=True)
+    served_prediction: bool = help_field(
+        "also predict each setting's tau offline on the very text it served (eaglewire.bench.served): "
+        "beside measured tau that error is numerics alone",
+        default=True,
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "topk", "num_draft_tokens", "batch_sizes"):
@@ -133,6 +145,7 @@ class SweepResult:
     best_per_batch: dict[int, SweepRow]
     predictions: list[PredictionRow]
     meta: dict[str, Any] = field(default_factory=dict)
+    served: list[ServedPrediction] = field(default_factory=list)  # per setting, on the text it served
 
     def best_setting(self) -> dict[str, Any] | None:
         """The batch-1 winner in best_setting.json form (None when no speculative setting ran)."""
@@ -151,6 +164,8 @@ class SweepResult:
             "best_per_batch_size": {str(b): r.to_json() for b, r in sorted(self.best_per_batch.items())},
             "best_setting": self.best_setting(),
             "predictions": [p.to_json() for p in self.predictions],
+            "served_predictions": [p.to_json() for p in self.served],
+            "served_prediction_summary": served_summary(self.served),
         }
 
 
@@ -207,9 +222,11 @@ def run_sweep(
     rows: list[SweepRow] = [SweepRow({"method": "plain", "batch_size": 1}, plain_tps, None, 1.0, None)]
     best: dict[int, SweepRow] = {}
     measured: list[tuple[SpecArgs, float | None]] = []
+    served_inputs: dict[str, tuple[SpecArgs, MethodResult]] = {}
     for spec in specs:
         name = f"steps{spec.num_steps}-topk{spec.topk}-nodes{spec.num_draft_tokens}"
         r = measure_method(name, speculative_fn(engine, spec), work, warmup=cfg.warmup, repeats=cfg.repeats)
+        served_inputs[name] = (spec, r)
         row = SweepRow(
             {**spec_settings(spec), "batch_size": SPECULATIVE_MAX_BATCH},
             r.tokens_per_s,
@@ -236,7 +253,15 @@ def run_sweep(
         "max_new_tokens": cfg.max_new_tokens, "date": now_iso(),
         "source": source or f"eaglewire bench --sweep on {describe_device(target.device)} at {now_iso()}",
     }  # fmt: skip
-    return SweepResult(rows, skipped, best, prediction_rows(predictor, measured), meta)
+    predictions = prediction_rows(predictor, measured)
+    served: list[ServedPrediction] = []
+    if cfg.served_prediction:
+        from eaglewire.draft.io import load_draft
+
+        draft, contract = load_draft(Path(draft_dir), device=target.device)  # float32, as `eaglewire eval`
+        inputs = ServedInputs(target, draft, contract, work.prompt_ids, served_inputs, predictions)
+        served = served_predictions(inputs)
+    return SweepResult(rows, skipped, best, predictions, meta, served)
 
 
 def write_best_setting(result: SweepResult, draft_dir: Path) -> Path | None:
@@ -289,6 +314,8 @@ def sweep_markdown(result: SweepResult) -> str:
         lines += ["", f"mean error {summary['mean_error']:+.2f}, mean |error| {summary['mean_abs_error']:.2f}, "
                       f"max |error| {summary['max_abs_error']:.2f}, mean |relative error| "
                       f"{100 * summary['mean_abs_relative_error']:.1f}%"]  # fmt: skip
+    if result.served:
+        lines += ["", "## Prediction on the served text vs measured tau", "", served_markdown(result.served)]
     return "\n".join(lines) + "\n"
 
 

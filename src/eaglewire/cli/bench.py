@@ -172,6 +172,7 @@ def bench(
             warmup=warmup,
             repeats=1 if repeats is None else repeats,
             chat=not raw,
+            served_prediction=served_prediction,
         )
         _sweep(
             loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best, dtype

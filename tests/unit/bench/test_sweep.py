@@ -12,6 +12,7 @@ from eaglewire.bench.sweep import (
     BEST_SETTING_FILE,
     SweepConfig,
     run_sweep,
+    sweep_markdown,
     sweep_settings,
     write_best_setting,
     write_sweep,
@@ -73,6 +74,18 @@ def test_tiny_sweep_writes_best_setting(tiny_target, draft_dir, two_prompts, tmp
     )
     assert best["tokens_per_s"] == fastest.tokens_per_s and best["tau"] == fastest.tau
     SpecArgs(num_steps=best["num_steps"], topk=best["topk"], num_draft_tokens=best["num_draft_tokens"])
+
+    # every setting also predicted on the text it served: chains exactly (float32: no numerics)
+    served = {(r.setting["num_steps"], r.setting["topk"]): r for r in result.served}
+    assert set(served) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    for (_steps, topk), row in served.items():
+        assert row.predicted_tau is not None, row.note
+        if topk == 1:
+            assert row.exact and row.predicted_tau == pytest.approx(row.measured_tau_in_text)
+    assert served[(2, 1)].heldout_predicted_tau == pytest.approx(1.6)  # the held-out row, beside it
+    data = result.to_json()
+    assert len(data["served_predictions"]) == 4 and data["served_prediction_summary"]
+    assert "Prediction on the served text" in sweep_markdown(result)
 
     preds = {(p.setting["num_steps"], p.setting["topk"]): p for p in result.predictions}
     assert preds[(2, 1)].predicted_tau == pytest.approx(1.6) and preds[(2, 1)].error is not None

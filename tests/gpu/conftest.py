@@ -5,9 +5,14 @@ from __future__ import annotations
 import torch
 
 from eaglewire.draft.init import init_draft
+from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.target.identity import build_contract
 from tests.helpers.tiny import CORPUS, make_tiny_target
 from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS, Tiny, chat_ids, plain_greedy, train_draft
+
+# the settings and greedy length the CUDA speculative tests run
+SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
+TOKENS = 40
 
 
 def tiny_on_cuda(tokens: int, extra_prompts: list[list[int]] | None = None) -> tuple[Tiny, torch.nn.Module]:

@@ -12,16 +12,12 @@ import torch
 from eaglewire.engine.api import make_runner
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.sampling import SamplingParams
-from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import DecodeTrace, speculative_generate
 from eaglewire.engine.verify import StopRule
-from tests.gpu.conftest import tiny_on_cuda
+from tests.gpu.conftest import SPECS, TOKENS, tiny_on_cuda
 from tests.unit.engine.conftest import Tiny, inside_blocks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
-TOKENS = 40
 
 
 @pytest.fixture(scope="module")

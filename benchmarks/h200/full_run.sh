@@ -112,6 +112,9 @@ snapshot() {
   local d
   d=$(draft_dir) && [ -f "$d/best_setting.json" ] && cp "$d/best_setting.json" "$results/best_setting.json"
   [ -f "$qs/train/train_summary.json" ] && cp "$qs/train/train_summary.json" "$results/train_summary.json"
+  # the held-out tokenized records (well under 1 MB): with the draft that collect.sh brings back, the
+  # held-out replay of any chain or tree runs offline here (`eaglewire eval --data eval_data ...`)
+  if [ -d "$qs/data/eval" ] && [ ! -d "$results/eval_data" ]; then cp -r "$qs/data/eval" "$results/eval_data"; fi
   return 0
 }
 

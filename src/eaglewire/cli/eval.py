@@ -100,6 +100,13 @@ def eval_command(
         ["draft token", "acc", "cond acc", "positions", "tau_pred (chain of this length)"],
         rows,
     )
+    by_turn = result.replay_chain_by_turn(num_steps) if result.has_positions else {}
+    if len(by_turn) > 1:  # multi-turn records: a benchmark prompt's answer is a first answer
+        print_table(
+            f"tau_pred of the chain of {num_steps} by answer",
+            ["answer", "tau_pred", "rounds"],
+            [[t, f"{r.tau:.3f}", r.rounds] for t, r in by_turn.items()],
+        )
     if nodes:
         print_table(
             "tree", ["nodes", "depth", "tau_pred"], [[len(nodes), depth, f"{report['tau_pred_tree']:.3f}"]]

@@ -115,6 +115,11 @@ def test_train_offline_then_eval(disk, tmp_path):
     assert set(ev["tau_pred_chain"]) == {"1", "2"}
     assert 1.0 <= ev["tau_pred_chain"]["1"] <= ev["tau_pred_chain"]["2"] <= ev["tau_pred_tree"] <= 3.0
     assert ev["horizon"] is None
+    # the replay by answer: these records hold one answer each, so all of it is the first answer's
+    assert list(ev["predicted_tau_chain_by_turn"]) == ["1"]
+    assert ev["predicted_tau_chain_by_turn"]["1"][1] == pytest.approx(ev["tau_pred_chain"]["2"])
+    text = run([a for a in args if a != "--json"])
+    assert text.exit_code == 0 and "by answer" not in text.output, (text.output, text.exception)
     # --horizon replays only the first N tokens of each response (a decoder's max_new_tokens)
     short = run([*args, "--horizon", "3"])
     assert short.exit_code == 0, (short.output, short.exception)

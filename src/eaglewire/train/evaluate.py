@@ -59,6 +59,7 @@ stopping there: long regenerated answers often end in loops that are easy to dra
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections.abc import Sequence
@@ -200,7 +201,7 @@ def response_turns(spans: Sequence[tuple[int, int]], segments: Sequence[int]) ->
         ends.append(offset)
     turns, slice_index, turn = [], -1, 0
     for start, _ in spans:
-        index = next(i for i, end in enumerate(ends) if start < end)
+        index = bisect.bisect_right(ends, start)  # the slice holding row `start`
         turn = turn + 1 if index == slice_index else 1
         slice_index = index
         turns.append(turn)
@@ -316,16 +317,22 @@ class EvalResult:
     def replay_tree(self, tree: Sequence[Sequence[int]]) -> Replay:
         """The replayed decoding of a static tree (cached per tree)."""
         nodes = tuple(validate_tree(tree))
+        self._require_positions()
+        if nodes not in self._replays:
+            self._replays[nodes] = replay_tree(self.ranks, self.valid, self._slices(), nodes, self.horizon)
+        return self._replays[nodes]
+
+    def _require_positions(self) -> None:
         if not self.has_positions:
             raise ConfigError(
                 "this evaluation kept no per-position ranks (evaluate_model(..., with_ranks=False)); "
                 "replay and tree predictions need them",
                 fix="evaluate with with_ranks=True (eaglewire eval / evaluate_draft do)",
             )
-        if nodes not in self._replays:
-            segments = self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
-            self._replays[nodes] = replay_tree(self.ranks, self.valid, segments, nodes, self.horizon)
-        return self._replays[nodes]
+
+    def _slices(self) -> tuple[int, ...]:
+        """Rows of `ranks` per record slice (one slice when not recorded)."""
+        return self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
 
     def replay_chain_by_turn(self, k: int) -> dict[int, Replay]:
         """The chain-of-k replay split by answer: turn 1 = every record's first answer (what a
@@ -333,8 +340,8 @@ class EvalResult:
         predicts first answers only as well as its turns resemble each other: this says."""
         if k < 1 or k > self.num_steps:
             raise ConfigError(f"chain length k={k}: expected 1..{self.num_steps}")
-        self.replay_tree(chain_tree(k))  # the checks (per-position ranks kept)
-        segments = self.segments if self.segments is not None else (int(self.ranks.shape[0]),)
+        self._require_positions()
+        segments = self._slices()
         accepted = accepted_drafts(self.ranks, self.valid, chain_tree(k))
         spans = response_spans(self.valid[:, 0], segments)
         by_turn: dict[int, list[tuple[int, int]]] = {}

@@ -30,7 +30,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -187,8 +187,9 @@ do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 130 ${
 # where a training step's time goes (target side, forward, backward, update), eager and compiled
 do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40; }
 
-do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA)
-  timeout "${GPU_TESTS_TIMEOUT_S:-240}" "$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -n 15 \
+do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA); GPU_TESTS: which files
+  # shellcheck disable=SC2086 # GPU_TESTS: test paths, word-split on purpose
+  timeout "${GPU_TESTS_TIMEOUT_S:-240}" "$PY" -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/gpu} 2>&1 | tail -n 15 \
     | tee "$results/gpu_tests.txt"
   return "${PIPESTATUS[0]}"
 }

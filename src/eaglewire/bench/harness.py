@@ -14,8 +14,9 @@ Methods (`METHODS`):
 Timing (`eaglewire.bench.timing`): per method and prompt, `warmup` untimed runs, then `repeats`
 timed ones (CUDA events on a GPU, perf_counter on CPU); a prompt's time is the median. Greedy outputs of every method are compared with `plain` (or the first method that ran)
 and every difference is reported with the target's logit margin there (`eaglewire.bench.divergence`):
-a speculative decoder that differs from plain greedy at a clear margin is a bug; at a near-tie it is
-the dtype's rounding (bf16: the verify and decode forwards round differently).
+a speculative decoder that differs from plain greedy where the target clearly prefers plain's token
+is a bug; at a near-tie it is the dtype's rounding (bf16: the verify and decode forwards round
+differently); where the target clearly prefers the speculative token, plain's decode drifted.
 """
 
 from __future__ import annotations

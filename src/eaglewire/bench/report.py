@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from eaglewire.bench.divergence import REFERENCE, ROUNDING, THIS_METHOD, Cause
 from eaglewire.bench.prediction import PredictionRow, prediction_markdown, prediction_summary
 from eaglewire.bench.results import CYCLE_PHASES, MethodResult, Mismatch
 from eaglewire.bench.served import ServedPrediction, served_markdown, served_summary
@@ -117,21 +118,40 @@ class BenchReport:
 
 def _margin_note(mm: Mismatch) -> str:
     """The target's margin at a first difference (eaglewire.bench.divergence), and what it means."""
-    if mm.margin is None:
+    if mm.margin is None or mm.cause is None:
         return ""
-    meaning = "a near-tie: rounding" if mm.near_tie else "NOT a near-tie: a bug, not rounding"
-    return f" (the target's logit margin there {mm.margin:.3f}: {meaning})"
+    return f" (the target's logit margin there {mm.margin:.3f}: {_MEANING[mm.cause]})"
+
+
+_MEANING: dict[Cause, str] = {
+    ROUNDING: "a near-tie: rounding",
+    THIS_METHOD: "NOT a near-tie: a bug in this method",
+    # negative beyond the tie: the reference's (plain's) incremental decode, not this method, left
+    # the target's own forward; a finding about the reference, not a fault of this method
+    REFERENCE: "the target's own forward prefers this method's token: the reference drifted there, "
+    "not a bug in this method",
+}
 
 
 def _ties_note(mismatches: list[Mismatch]) -> str:
-    """', all at near-ties' / ', k not at a near-tie' for the greedy column (nothing when not measured)."""
-    measured = [m for m in mismatches if m.near_tie is not None]
-    if not measured:
+    """What explains the differences, for the greedy column: ', all at near-ties', ', 1 where the
+    reference parts from the target, the rest at near-ties', ', k NOT at a near-tie (a bug)', ...
+    (nothing when none was measured). Only `THIS_METHOD` differences count as bugs."""
+    causes = [m.cause for m in mismatches if m.cause is not None]
+    if not causes:
         return ""
-    clear = sum(1 for m in measured if not m.near_tie)
-    if clear:
-        return f", {clear} NOT at a near-tie"
-    return ", all at near-ties" if len(measured) == len(mismatches) else ", measured ones at near-ties"
+    whole = len(causes) == len(mismatches)
+    bugs, drifts, ties = (causes.count(c) for c in (THIS_METHOD, REFERENCE, ROUNDING))
+    if not bugs and not drifts:
+        return ", all at near-ties" if whole else ", measured ones at near-ties"
+    parts = []
+    if bugs:
+        parts.append(f"{bugs} NOT at a near-tie (a bug)")
+    if drifts:
+        parts.append(f"{drifts} where the reference parts from the target's forward")
+    if ties:
+        parts.append("the rest at near-ties" if whole else f"{ties} at near-ties")
+    return ", " + ", ".join(parts)
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:

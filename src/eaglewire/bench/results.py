@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # divergence imports this module; the cause type is only an annotation here
+    from eaglewire.bench.divergence import Cause
 
 CYCLE_PHASES = ("draft", "verify", "accept", "host")
 ENGINE_PHASES = ("prefill", "draft", "verify", "accept")
@@ -79,12 +82,14 @@ class Mismatch:
     reference_token: int | None
     # the target's logit(reference_token) - logit(token) there (eaglewire.bench.divergence); None: not measured
     margin: float | None = None
-    near_tie: bool | None = None  # whether the run's dtype's rounding can explain the margin
+    # what explains the margin in the run's dtype (divergence.cause_of): "rounding", "this method"
+    # (a bug in it) or "the reference" (plain's decode drifted from the target's forward); None: not measured
+    cause: Cause | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"prompt_id": self.prompt_id, "position": self.position, "token": self.token,
                 "reference_token": self.reference_token, "margin": self.margin,
-                "near_tie": self.near_tie}  # fmt: skip
+                "cause": self.cause}  # fmt: skip
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -23,6 +23,7 @@ from eaglewire.recipes.presets import QuickstartPreset
 
 if TYPE_CHECKING:
     from eaglewire.bench.prediction import PredictionRow
+    from eaglewire.bench.results import Mismatch
     from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,8 @@ def stage_decode(
                 "decode_tokens_per_s": r.decode_tokens_per_s,
                 "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
                 "identical_to_plain": None if r.mismatches is None else not r.mismatches,
-                # every difference at a near-tie of the target's logits (rounding, not a bug)
-                "differences_at_near_ties": _at_near_ties(r.mismatches),
+                # every difference explained by rounding or the reference's drift (not this method's bug)
+                "differences_explained": _explained(r.mismatches),
                 "per_position_acceptance": r.per_position_acceptance,
                 **_served_fields(served.get(m)),
             }
@@ -330,11 +331,14 @@ def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
     return firsts + [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
 
 
-def _at_near_ties(mismatches: list[Any] | None) -> bool | None:
-    """True when every greedy difference was measured at a near-tie (`eaglewire.bench.divergence`),
-    False when one was not, None when there are none (or none was measured)."""
-    flags = [m.near_tie for m in mismatches or [] if m.near_tie is not None]
-    return all(flags) if flags else None
+def _explained(mismatches: list[Mismatch] | None) -> bool | None:
+    """True when every measured greedy difference is rounding or the reference's drift from the
+    target's forward (`eaglewire.bench.divergence.cause_of`), False when one is this method's (a
+    bug), None when there are none (or none was measured)."""
+    from eaglewire.bench.divergence import THIS_METHOD  # torch-heavy, like the stages' imports
+
+    causes = [m.cause for m in mismatches or [] if m.cause is not None]
+    return THIS_METHOD not in causes if causes else None
 
 
 def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from eaglewire.engine.tree import DeviceRoot, DraftTree, root_only, select_nodes
 from eaglewire.engine.verify import DeviceVerdict
 from eaglewire.errors import ConfigError
 from eaglewire.target.runtime.graphs import GraphCache, own_code
-from eaglewire.target.runtime.kv_cache import kv_bucket
+from eaglewire.target.runtime.kv_cache import kv_bucket, prefill_width
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,11 @@ class Drafter:
         self._tree_fn: Callable[..., tuple[torch.Tensor, ...]] = (
             torch.compile(body, dynamic=True) if self.compiled else self._tree_body
         )
-        # Rows of a verified path: at most one per draft step plus the bonus; longer extends
-        # (the prompt) run eagerly.
+        # Rows of a verified path: at most one per draft step plus the bonus, one graph per count.
+        # Longer extends (the prompt) are padded to a power-of-two width, up to
+        # graph_max_prefill_rows, and replay that width's graph; longer still run eagerly.
         self.graph_max_extend_rows = spec.num_steps + 1
+        self.graph_max_prefill_rows = 512
         self._slots = torch.arange(self.cache.capacity, device=self.device)  # [capacity]
         self._committed = torch.zeros(1, dtype=torch.long, device=self.device)  # device copy of `committed`
         self._root_token = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -144,12 +146,13 @@ class Drafter:
                 f"draft rows must be contiguous: next row is {self.committed}, got {start_position}"
             )
         n = tokens.shape[0]
-        window = self._prepare(self.committed + n)
+        rows = self._extend_width(n)
+        window = self._prepare(self.committed + rows)
         self._committed.fill_(self.committed)
         aux = aux.to(device=self.device, dtype=self.dtype)
         tokens = tokens.to(self.device, non_blocking=True)
         replayed = None
-        if n <= self.graph_max_extend_rows:
+        if rows == n and n <= self.graph_max_extend_rows:
             width = aux.shape[-1]
             replayed = self._replay(
                 ("extend", n, window),
@@ -160,6 +163,8 @@ class Drafter:
                 lambda inp: self._extend_rows(inp["aux"], inp["tokens"], window),
                 {"aux": aux, "tokens": tokens},
             )
+        elif rows > n:
+            replayed = self._padded_extend(aux, tokens, rows, window)
         hidden, logits = replayed if replayed is not None else self._extend_rows(aux, tokens, window)
         self.committed += n
         self.last_hidden, self.last_logits = hidden, logits
@@ -328,6 +333,34 @@ class Drafter:
             if self._graphs is not None:
                 self._graphs.clear()  # captured graphs point at the old buffers
         return kv_bucket(rows, self.cache.capacity)
+
+    def _extend_width(self, n: int) -> int:
+        """Rows an extend of n runs: n, or a prompt-long extend's padded width when graphs are on."""
+        if self._graphs is None or n <= self.graph_max_extend_rows or n > self.graph_max_prefill_rows:
+            return n
+        return prefill_width(n)
+
+    def _padded_extend(
+        self, aux: torch.Tensor, tokens: torch.Tensor, rows: int, window: int
+    ) -> tuple[torch.Tensor, ...] | None:
+        """extend's n rows (aux [n, A*Ht], tokens [n]) run `rows` wide through that width's graph
+        (None: graphs are off): zero rows after the real ones, which the causal mask keeps from the
+        real rows and the next write overwrites (as a round's provisional tree rows); the outputs
+        are row n-1's."""
+        n, width = aux.shape
+        padded_aux = torch.cat([aux, aux.new_zeros(rows - n, width)])  # [rows, A*Ht]
+        padded_tokens = torch.cat([tokens, tokens.new_zeros(rows - n)])  # [rows]
+        last = torch.full((1,), n - 1, dtype=torch.long, device=self.device)
+        return self._replay(
+            ("extend_padded", rows, window),
+            lambda: {
+                "aux": torch.zeros(rows, width, dtype=self.dtype, device=self.device),
+                "tokens": torch.zeros(rows, dtype=torch.long, device=self.device),
+                "last": torch.zeros(1, dtype=torch.long, device=self.device),
+            },
+            lambda inp: self._extend_rows(inp["aux"], inp["tokens"], window, last=inp["last"]),
+            {"aux": padded_aux, "tokens": padded_tokens, "last": last},
+        )
 
     def _extend_rows(
         self, aux: torch.Tensor, tokens: torch.Tensor, window: int, last: torch.Tensor | None = None

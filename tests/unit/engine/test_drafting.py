@@ -11,6 +11,7 @@ from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.target.capture import capture
+from eaglewire.target.runtime.kv_cache import prefill_width
 
 
 def draft_path_logits(draft, aux, tokens, path_tokens, root_position):
@@ -161,3 +162,25 @@ def test_drafter_grows_its_cache_past_the_initial_capacity(tiny, trained, rows):
     assert small.cache.capacity >= tokens.shape[0] + small.tree_rows
     assert trees[0].tokens.tolist() == trees[1].tokens.tolist()
     torch.testing.assert_close(trees[0].scores, trees[1].scores)
+
+
+def test_a_padded_prompt_extend_drafts_the_same_tree(tiny, trained, rows):
+    """With graphs on, a prompt-long extend runs padded to a power-of-two width (its graph's): the
+    padding rows must change nothing. Here the padded work runs eagerly, as the graph would."""
+    aux, tokens, root, root_position = rows
+    spec = SpecArgs(3, 2, 6)
+    trees = []
+    for padded in (False, True):
+        drafter = Drafter(trained, spec)
+        if padded:  # what a CUDA drafter decides, and its graph's work run directly
+            drafter._extend_width = prefill_width  # type: ignore[method-assign]
+            drafter._replay = lambda key, make_inputs, fn, values: fn(values)  # type: ignore[method-assign]
+        drafter.extend(aux, tokens, start_position=0)
+        assert drafter.committed == tokens.shape[0]
+        trees.append((drafter.last_logits, drafter.draft_tree(root, root_position, SamplingParams())))
+    (plain_logits, plain_tree), (padded_logits, padded_tree) = trees
+    assert prefill_width(tokens.shape[0]) > tokens.shape[0]  # the test pads at all
+    torch.testing.assert_close(padded_logits, plain_logits, rtol=0, atol=1e-5)
+    assert padded_tree.tokens.tolist() == plain_tree.tokens.tolist()
+    assert padded_tree.scores is not None and plain_tree.scores is not None
+    torch.testing.assert_close(padded_tree.scores, plain_tree.scores, rtol=0, atol=1e-5)

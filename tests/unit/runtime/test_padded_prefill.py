@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.target.runtime.runner import FastTargetRunner, pad_prefill, prefill_width
+from eaglewire.target.runtime.kv_cache import prefill_width
+from eaglewire.target.runtime.runner import FastTargetRunner, pad_prefill
 from tests.unit.runtime.tiny_targets import tiny
 
 ATOL = 1e-4

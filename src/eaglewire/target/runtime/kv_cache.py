@@ -32,6 +32,15 @@ def kv_bucket(needed: int, capacity: int) -> int:
     return min(capacity, round_up(max(needed, 1), step))
 
 
+PREFILL_MIN_WIDTH = 16  # the narrowest padded prefill (fewer graphs for the many short prompts)
+
+
+def prefill_width(num_tokens: int) -> int:
+    """The padded width of a graphed prefill (target or draft) of `num_tokens`: the next power of
+    two, at least PREFILL_MIN_WIDTH (so ~log2(max) graphs, and at most 2x the tokens' work)."""
+    return max(PREFILL_MIN_WIDTH, 1 << max(num_tokens - 1, 0).bit_length())
+
+
 class StaticKVCache:
     def __init__(
         self,

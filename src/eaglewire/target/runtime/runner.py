@@ -25,7 +25,7 @@ from eaglewire.errors import BoundaryError, ConfigError, expected_actual
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.graphs import GraphCache, own_code
-from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket
+from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket, prefill_width
 from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
@@ -54,15 +54,6 @@ _DYNAMIC_DIMS: dict[str, tuple[tuple[str, int], ...]] = {
     "slots": (("B", 0), ("N", 1)),
     "mask": (("B", 0), ("N", 2), ("S", 3)),
 }
-
-
-PREFILL_MIN_WIDTH = 16  # the narrowest padded prefill (fewer graphs for the many short prompts)
-
-
-def prefill_width(num_tokens: int) -> int:
-    """The padded width of a graphed prefill of `num_tokens`: the next power of two, at least
-    PREFILL_MIN_WIDTH (so at most ~log2(max) graphs, and at most 2x the tokens' work)."""
-    return max(PREFILL_MIN_WIDTH, 1 << max(num_tokens - 1, 0).bit_length())
 
 
 def pad_prefill(

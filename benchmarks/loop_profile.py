@@ -3,7 +3,7 @@
 Two loops on the reference target (SmolLM2-135M-Instruct, bf16):
 
 * speculative rounds at batch 1 (`speculative_generate`): plain (root-only trees on the same
-  runner), a chain of 5 and a 6x4x16 tree, with a random-weight draft of the target's shape
+  runner), a chain of 5, a 6x4x16 and an 8x8x64 tree, with a random-weight draft of the target's shape
   (acceptance does not matter here: every round drafts, verifies and commits the same amount),
   each with both round loops: lockstep (the host reads each verdict before it enqueues the next
   round) and launch-ahead (`engine.pipelined`: the next round is enqueued first), ending with a
@@ -139,6 +139,7 @@ def speculative_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dic
         ("plain (same loop)", None),
         ("chain 5", SpecArgs(5, 1, 6)),
         ("tree 6x4x16", SpecArgs(6, 4, 16)),
+        ("tree 8x8x64", SpecArgs(8, 8, 64)),  # the GPU preset's tree since run 6's sweep
     ]
     for name, spec in settings:
         drafter = None if spec is None else Drafter(draft, spec, max_seq_len=1024)

@@ -28,6 +28,7 @@ from eaglewire.engine.interfaces import TargetRunner
 from eaglewire.engine.sampling import SamplingParams, make_generator
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.verify import StopRule
 from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.target.identity import target_identity
@@ -133,6 +134,9 @@ class SpeculativeDecoder:
         self.drafter = None if draft is None else Drafter(draft, spec, max_seq_len=max_seq_len)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        # one set of phase timers for every generate call: its CUDA events are reused across calls
+        # (each call resets it), so a warm decoder allocates none in its round loop
+        self.timers = PhaseTimers(enabled=True, device=runner.device)
 
     @classmethod
     def load(
@@ -210,6 +214,7 @@ class SpeculativeDecoder:
             stop=rule,
             verify_generator=make_generator(sampling, "cpu"),
             draft_generator=make_generator(SamplingParams(seed=sampling.seed + 1), draft_device),
+            timers=self.timers,
         )
         decode_seconds = sum(v for k, v in trace.phase_seconds.items() if k != "prefill")
         text = rule.final_text(self._decode(trace.token_ids), trace.finish_reason) if decode else ""

@@ -48,11 +48,15 @@ if TYPE_CHECKING:
 class VerdictCopies:
     """Verdicts on their way to the host: a non-blocking copy into pinned memory and an event per
     verdict, two buffers per size used in turn (round k+1's copy starts before round k's is read).
-    On CPU the copy is a plain one."""
+    On CPU the copy is a plain one.
+
+    The copies run on the current stream, and each event is recorded on it: that stream is looked
+    up once, here (one object per loop, which never switches streams), not on every record."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self._stream = torch.cuda.current_stream(device) if self.cuda else None
         self._slots: dict[int, list[tuple[torch.Tensor, torch.cuda.Event | None]]] = {}
         self._turn: dict[int, int] = {}
 
@@ -72,7 +76,7 @@ class VerdictCopies:
         self._turn[size] ^= 1
         buffer.copy_(packed, non_blocking=self.cuda)
         if event is not None:
-            event.record(torch.cuda.current_stream(self.device))
+            event.record(self._stream)
         return PendingRead(buffer, event)
 
 

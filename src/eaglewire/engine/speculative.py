@@ -104,15 +104,23 @@ def speculative_generate(
     verify_generator: torch.Generator | None = None,
     draft_generator: torch.Generator | None = None,
     launch_ahead: bool | None = None,
+    timers: PhaseTimers | None = None,
 ) -> DecodeTrace:
     """Generate after `prompt_ids` (>= 1 token). `drafter=None` decodes plainly on the same runner.
     launch_ahead: None = on CUDA whenever greedy decoding on this runner allows it; False =
-    lockstep; True = launch-ahead (any device) or a ConfigError."""
+    lockstep; True = launch-ahead (any device) or a ConfigError.
+    timers: what times the phases (reset here; its summary becomes `phase_seconds`). A caller running
+    many generations passes the same one each time, so its CUDA events are reused instead of made
+    again (`engine.timers`); None = a new enabled one for this generation."""
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: at least one token is needed")
     ahead = _use_launch_ahead(runner, sampling, launch_ahead)
     device = runner.device
-    timers = PhaseTimers(enabled=True, device=device)
+    if timers is None:
+        timers = PhaseTimers(enabled=True, device=device)
+    else:
+        _check_timers(timers, device)
+        timers.reset()
     runner.reset(1)
     if drafter is not None:
         drafter.reset()
@@ -145,6 +153,15 @@ def speculative_generate(
         )
     trace.phase_seconds = timers.summary()
     return trace
+
+
+def _check_timers(timers: PhaseTimers, device: torch.device) -> None:
+    # CUDA events around CPU work, or perf_counter around queued kernels, would time the wrong thing
+    if timers.enabled and timers.cuda != (device.type == "cuda"):
+        raise ConfigError(
+            f"timers were made for device {timers.device}, the runner is on {device}",
+            fix="build the PhaseTimers with device=runner.device",
+        )
 
 
 def _use_launch_ahead(runner: TargetRunner, sampling: SamplingParams, requested: bool | None) -> bool:

@@ -71,6 +71,9 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     # the decode stage reuses the eval stage's held-out evaluation: one evaluation in the run
     assert len(evaluations) == 1 and evaluations[0] == (tmp_path / "run" / "data" / "eval").resolve()
     _assert_heldout_predictions(tmp_path / "run", decode, summary["predicted_tau_chain"])
+    # the first answers' replay, what a benchmark prompt's answer is, from the same evaluation
+    first = summary["predicted_tau_chain_first_answers"]
+    assert isinstance(first, float) and 1.0 <= first
     assert summary["heldout_predicted_tau"] == {
         m: decode[m]["heldout_predicted_tau"] for m in ("eagle-chain", "eagle-tree")
     }

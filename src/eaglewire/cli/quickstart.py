@@ -73,6 +73,11 @@ def show_summary(summary: dict[str, Any]) -> None:
         [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
         + [
             ["predicted tau (chain, held-out)", _fmt(summary["predicted_tau_chain"])],
+            # what a benchmark prompt gets; "-" for older (resumed) run directories
+            [
+                "predicted tau (chain, held-out first answers)",
+                _fmt(summary.get("predicted_tau_chain_first_answers")),
+            ],
             # older run directories (resumed) have no tree prediction: "-"
             [
                 "predicted tau (tree, held-out)",

@@ -116,9 +116,10 @@ def test_cpu_phase_counts_when_its_block_raises() -> None:
 def test_disabled_timers_allocate_no_events() -> None:
     fake = FakeCuda()
     timers = PhaseTimers(enabled=False, device="cuda", pool=fake.pool)
+    assert timers.phase("draft") is timers.phase("verify")  # one shared do-nothing context
     with timers.phase("draft"):
         pass
-    assert fake.made == [] and timers.summary() == {} and not timers.cuda
+    assert fake.made == [] and timers.summary() == {} and timers.counts() == {} and not timers.cuda
 
 
 # --- the CUDA path, on fake events

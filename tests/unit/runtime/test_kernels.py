@@ -1,37 +1,13 @@
-"""Phase timers, the optional fused-reduction kernel forms, and per-runner compiled-code isolation."""
+"""The optional fused-reduction kernel forms, and per-runner compiled-code isolation (the phase
+timers' tests are in tests/unit/engine/test_timers.py)."""
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
 
-from eaglewire.engine.timers import PhaseTimers
 from eaglewire.target.runtime.graphs import own_code
 from eaglewire.target.runtime.model import KernelChoices, attention_reduce, linear
-
-
-def test_disabled_timers_share_one_null_context_and_record_nothing() -> None:
-    timers = PhaseTimers()
-    assert timers.phase("draft") is timers.phase("verify")
-    with timers.phase("draft"):
-        pass
-    assert timers.summary() == {} and timers.counts() == {}
-
-
-def test_cpu_timers_accumulate_per_phase() -> None:
-    timers = PhaseTimers(enabled=True, device="cpu")
-    for _ in range(3):
-        with timers.phase("verify"):
-            time.sleep(0.002)
-    with timers.phase("host"):
-        pass
-    summary = timers.summary()
-    assert summary["verify"] >= 0.006 and summary["host"] < summary["verify"]
-    assert timers.counts() == {"verify": 3, "host": 1}
-    timers.reset()
-    assert timers.summary() == {}
 
 
 def test_reduction_forms_equal_the_library_ops() -> None:

@@ -15,7 +15,8 @@ from tests.helpers.tiny import make_tiny_target, save_tiny_target
 
 def _assert_heldout_predictions(run_dir, decode, predicted_tau_chain):
     """The decode stage's bench report and results carry the held-out (eval data) prediction of the
-    chain and the tree at the decode horizon: the eval stage's chain prediction."""
+    chain and the tree as the decode stage serves (first answers, at the decode horizon): the eval
+    stage's first-answer chain prediction."""
     bench = json.loads((run_dir / "decode" / "chitchat-eval" / "bench.json").read_text())
     rows = {(r["topk"], r["num_draft_tokens"]): r for r in bench["predictions"]}
     chain, tree = rows[(1, 4)], rows[(2, 4)]  # the tiny preset: a chain of 3, a tree of 4 nodes, topk 2
@@ -70,10 +71,10 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     assert summary["served_predicted_tau_chain"]["chitchat-eval"] == chain["served_predicted_tau"]
     # the decode stage reuses the eval stage's held-out evaluation: one evaluation in the run
     assert len(evaluations) == 1 and evaluations[0] == (tmp_path / "run" / "data" / "eval").resolve()
-    _assert_heldout_predictions(tmp_path / "run", decode, summary["predicted_tau_chain"])
     # the first answers' replay, what a benchmark prompt's answer is, from the same evaluation
     first = summary["predicted_tau_chain_first_answers"]
     assert isinstance(first, float) and first >= 1.0
+    _assert_heldout_predictions(tmp_path / "run", decode, first)
     assert summary["heldout_predicted_tau"] == {
         m: decode[m]["heldout_predicted_tau"] for m in ("eagle-chain", "eagle-tree")
     }
@@ -99,5 +100,7 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     # the eval stage finished in an earlier run: the resumed decode stage evaluates the held-out data itself
     assert len(evaluations) == 2
     _assert_heldout_predictions(
-        tmp_path / "run", resumed_summary["decode"]["chitchat-eval"], summary["predicted_tau_chain"]
+        tmp_path / "run",
+        resumed_summary["decode"]["chitchat-eval"],
+        summary["predicted_tau_chain_first_answers"],
     )

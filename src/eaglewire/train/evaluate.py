@@ -252,13 +252,17 @@ def replay_tree(
     segments: Sequence[int],
     tree: Sequence[Sequence[int]],
     horizon: int | None = None,
+    answer: int | None = None,
 ) -> Replay:
     """ranks [N, S] int, valid [N, S] bool (record slices back to back), segments: rows per slice ->
     the replayed decoding of the static `tree` (a chain is `chain_tree(k)`), over the first
-    `horizon` tokens of each response (None: all of it)."""
+    `horizon` tokens of each response (None: all of it), of every record's `answer`-th response
+    only (1: first answers, what a benchmark prompt's answer is; None: every response)."""
     nodes = validate_tree(tree)
     accepted = accepted_drafts(ranks, valid, nodes)  # checks the depth against S
     spans = response_spans(valid[:, 0], segments)
+    if answer is not None:
+        spans = [s for s, t in zip(spans, response_turns(spans, segments), strict=True) if t == answer]
     return replay_accepted(accepted, spans, max(len(p) for p in nodes), horizon)
 
 
@@ -275,6 +279,9 @@ class EvalResult:
     # that (long regenerated answers often end in easy loops a short benchmark never reaches);
     # None: whole responses. `dataclasses.replace(result, horizon=n)` gives a result with its own cache.
     horizon: int | None = None
+    # Replay only every record's `answer`-th response (1: first answers, what a benchmark prompt's
+    # answer is: later answers of multi-turn conversations are easier to draft); None: all of them.
+    answer: int | None = None
     _replays: dict[tuple[tuple[int, ...], ...], Replay] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -319,7 +326,9 @@ class EvalResult:
         nodes = tuple(validate_tree(tree))
         self._require_positions()
         if nodes not in self._replays:
-            self._replays[nodes] = replay_tree(self.ranks, self.valid, self._slices(), nodes, self.horizon)
+            self._replays[nodes] = replay_tree(
+                self.ranks, self.valid, self._slices(), nodes, self.horizon, self.answer
+            )
         return self._replays[nodes]
 
     def _require_positions(self) -> None:

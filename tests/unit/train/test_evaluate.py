@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -136,6 +138,12 @@ def test_replay_by_turn_splits_each_records_answers():
     assert whole.tokens == sum(r.tokens for r in by_turn.values())
     with pytest.raises(ConfigError, match="chain length"):
         res.replay_chain_by_turn(2)
+    # a result cut to one answer replays exactly that answer's responses, in chains and trees
+    for turn, want in by_turn.items():
+        only = replace(res, answer=turn)
+        assert (only.replay_chain(1).rounds, only.replay_chain(1).tokens) == (want.rounds, want.tokens)
+        assert only.tau_chain(1) == want.tau
+    assert replace(res, answer=3).replay_chain(1).rounds == 0  # no record has a third answer
 
 
 def test_replay_tree_follows_the_true_rank_path():

@@ -157,10 +157,12 @@ def evaluate_predictor(
     device: str | None = None,
     target_dtype: str | None = None,
     horizon: int | None = None,
+    answer: int | None = None,
 ) -> TauPredictor:
     """Run the trainer's offline evaluation (`eaglewire.train.run.run_eval`) on a held-out tokenized
     dataset or shard directory: an `EvalResult`, which predicts chains and trees. `horizon`: replay
-    only the first that many tokens of each response (the benchmark's max_new_tokens)."""
+    only the first that many tokens of each response (the benchmark's max_new_tokens); `answer`:
+    only each record's answer-th response (1: first answers; None: all, `EvalResult.answer`)."""
     from dataclasses import replace
 
     from eaglewire.train.run import run_eval
@@ -174,7 +176,7 @@ def evaluate_predictor(
         device=device,
         target_dtype=target_dtype,
     )
-    return replace(result, horizon=horizon)
+    return replace(result, horizon=horizon, answer=answer)
 
 
 def _node_probability(predictor: TauPredictor, node: Node) -> float:

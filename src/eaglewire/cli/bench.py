@@ -104,6 +104,12 @@ def bench(
     eval_max_records: int = typer.Option(
         200, "--eval-max-records", help="--eval-data: records evaluated (0 = all)"
     ),
+    eval_answer: int = typer.Option(
+        1,  # eaglewire.train.evaluate.FIRST_ANSWER (not imported here: it pulls in torch)
+        "--eval-answer",
+        help="--eval-data: replay only each record's N-th answer (1: first answers, what a prompt set's "
+        "prompts get; later answers of multi-turn records draft more easily); 0 = every answer",
+    ),
     served_prediction: bool = typer.Option(
         True,
         "--served-prediction/--no-served-prediction",
@@ -141,6 +147,10 @@ def bench(
     if eval_data is not None:
         if draft is None:
             raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
+        if eval_answer < 0:
+            raise ConfigError(
+                f"--eval-answer: expected 0 (every answer) or an answer number >= 1, got {eval_answer}"
+            )
         steps = max(_ints(sweep_num_steps, "--sweep-num-steps")) if sweep else max(chain_steps, num_steps)
         predictor = evaluate_predictor(
             draft,
@@ -151,6 +161,7 @@ def bench(
             device=device,
             target_dtype=dtype,
             horizon=max_new_tokens,
+            answer=eval_answer or None,
         )
     elif eval_report is not None:
         predictor = load_summary_predictor(eval_report)

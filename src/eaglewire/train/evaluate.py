@@ -266,6 +266,9 @@ def replay_tree(
     return replay_accepted(accepted, spans, max(len(p) for p in nodes), horizon)
 
 
+FIRST_ANSWER = 1  # `answer` of every record's first response: what a benchmark prompt's answer is
+
+
 @dataclass
 class EvalResult:
     counts: StepCounts

@@ -73,6 +73,15 @@ def test_bench_json(files: dict[str, Path]) -> None:
     assert served["rounds_match"] and served["served_predicted_tau"] == served["measured_tau_in_text"]
 
 
+def test_bench_refuses_a_negative_eval_answer(files: dict[str, Path]) -> None:
+    r = runner.invoke(app, [
+        "bench", "--target", str(files["target"]), "--draft", str(files["draft"]), "--prompts", str(files["prompts"]),
+        "--device", "cpu", "--eval-data", str(files["root"] / "heldout"), "--eval-answer", "-1",
+    ])  # fmt: skip
+    assert r.exit_code != 0 and isinstance(r.exception, ConfigError)
+    assert "--eval-answer" in str(r.exception) and "got -1" in str(r.exception)
+
+
 def test_bench_no_served_prediction(files: dict[str, Path]) -> None:
     r = runner.invoke(app, [
         "bench", "--target", str(files["target"]), "--draft", str(files["draft"]), "--prompts", str(files["prompts"]),

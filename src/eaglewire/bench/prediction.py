@@ -85,7 +85,7 @@ class SummaryPredictor:
         return self.replay_tau_chain[k - 1]
 
     def position_averaged_tau_chain(self, k: int) -> float:
-        from eaglewire.train.evaluate import predicted_tau_chain
+        from eaglewire.train.replay import predicted_tau_chain
 
         return predicted_tau_chain(list(self.cond_acc), k)
 

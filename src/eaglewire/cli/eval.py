@@ -18,7 +18,7 @@ TREE_HELP = (
 
 def _parse_tree(text: str) -> list[tuple[int, ...]]:
     from eaglewire.errors import ConfigError
-    from eaglewire.train.evaluate import full_tree
+    from eaglewire.train.replay import full_tree
 
     path = Path(text)
     if path.exists():

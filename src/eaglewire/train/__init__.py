@@ -6,14 +6,9 @@ Entry points: `eaglewire.train.loop.train` (library), `eaglewire.train.run.run_t
 """
 
 from eaglewire.train.config import TrainConfig
-from eaglewire.train.evaluate import (
-    EvalResult,
-    evaluate_draft,
-    full_tree,
-    predicted_tau_chain,
-    predicted_tau_tree,
-)
+from eaglewire.train.evaluate import EvalResult, evaluate_draft
 from eaglewire.train.loop import TrainResult, train
+from eaglewire.train.replay import full_tree, predicted_tau_chain, predicted_tau_tree
 from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 from eaglewire.train.ttt import ttt_attention_mask, ttt_unroll
 

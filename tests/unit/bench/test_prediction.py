@@ -21,7 +21,7 @@ from eaglewire.bench.prediction import (
 )
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import DataFormatError
-from eaglewire.train.evaluate import predicted_tau_tree
+from eaglewire.train.replay import predicted_tau_tree
 
 
 class RanksPredictor:

@@ -9,11 +9,11 @@ import torch
 
 from eaglewire.draft.init import init_draft
 from eaglewire.errors import ConfigError
-from eaglewire.train.evaluate import (
-    EvalResult,
+from eaglewire.train.evaluate import EvalResult, evaluate_draft
+from eaglewire.train.loss import StepCounts
+from eaglewire.train.replay import (
     accepted_drafts,
     chain_tree,
-    evaluate_draft,
     full_tree,
     predicted_tau_chain,
     predicted_tau_tree,
@@ -22,7 +22,6 @@ from eaglewire.train.evaluate import (
     response_spans,
     response_turns,
 )
-from eaglewire.train.loss import StepCounts
 from eaglewire.train.target_side import OfflineTarget, TargetHead
 
 

@@ -35,7 +35,8 @@ from eaglewire.engine.speculative import DecodeTrace, speculative_generate
 from eaglewire.engine.verify import StopRule
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.train.evaluate import EvalResult, accepted_drafts, chain_tree, evaluate_draft, response_spans
+from eaglewire.train.evaluate import EvalResult, evaluate_draft
+from eaglewire.train.replay import accepted_drafts, chain_tree, response_spans
 from eaglewire.train.target_side import OnlineTarget
 from tests.helpers.tiny import CORPUS, make_tiny_target
 from tests.unit.engine.conftest import Tiny, chat_ids, plain_greedy, train_draft

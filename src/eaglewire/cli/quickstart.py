@@ -80,7 +80,7 @@ def show_summary(summary: dict[str, Any]) -> None:
             ],
             # older run directories (resumed) have no tree prediction: "-"
             [
-                "predicted tau (tree, held-out)",
+                "predicted tau (tree, held-out first answers)",
                 _fmt(summary.get("heldout_predicted_tau", {}).get("eagle-tree")),
             ],
             ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],

@@ -70,3 +70,21 @@ def test_a_prefill_wider_than_the_cache_or_the_limit_stays_eager() -> None:
     assert runner._prefill_graph_width(1, 65) is None  # 128 wide > the cache's 64 slots
     runner.graph_max_prefill_tokens = 16
     assert runner._prefill_graph_width(1, 20) is None
+
+
+def test_a_failing_graphed_prefill_falls_back_to_eager_for_good(caplog) -> None:  # type: ignore[no-untyped-def]
+    target = tiny("llama")
+    ids = torch.randint(0, target.vocab_size, (1, 20), generator=torch.Generator().manual_seed(4))
+    want = _runner(target, padded=False).forward(ids, torch.arange(20)[None], logits_at=torch.tensor([19]))
+    runner = _runner(target, padded=False)
+    runner._graphs = object()  # type: ignore[assignment]  # as on CUDA: the padded route is taken
+
+    def failing_replay(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("capture failed")
+
+    runner._replay = failing_replay  # type: ignore[method-assign]
+    got = runner.forward(ids, torch.arange(20)[None], logits_at=torch.tensor([19]))
+    torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got.aux, want.aux, atol=ATOL, rtol=0)
+    assert "graphed prefill (width 32) failed (capture failed)" in caplog.text
+    assert runner._prefill_graph_width(1, 20) is None  # later prefills go straight to eager

@@ -213,7 +213,13 @@ class FastTargetRunner:
         if tree_mask is None and self.cache.lengths_exact_zero():
             width = self._prefill_graph_width(B, N)
             if width is not None:
-                return self._padded_prefill(input_ids, positions, logits_at, width, greedy)
+                try:
+                    return self._padded_prefill(input_ids, positions, logits_at, width, greedy)
+                except RuntimeError as err:  # a compile or capture failure: prefill eagerly, as before
+                    log.warning(
+                        "graphed prefill (width %d) failed (%s); prefills run eagerly from now on", width, err
+                    )
+                    self.graph_max_prefill_tokens = 0
             logits, aux = self._run(input_ids, positions, None, self.cache.lengths, None, logits_at)
             return _with_greedy(logits, aux, input_ids, tree_mask, greedy)
         window = kv_bucket(need, self.cache.capacity)

@@ -40,7 +40,7 @@ from eaglewire.engine.tree import DeviceRoot, DraftTree, root_only, select_nodes
 from eaglewire.engine.verify import DeviceVerdict
 from eaglewire.errors import ConfigError
 from eaglewire.target.runtime.graphs import GraphCache, own_code
-from eaglewire.target.runtime.kv_cache import kv_bucket, prefill_width
+from eaglewire.target.runtime.kv_cache import PREFILL_MAX_WIDTH, kv_bucket, prefill_width
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class Drafter:
         # Longer extends (the prompt) are padded to a power-of-two width, up to
         # graph_max_prefill_rows, and replay that width's graph; longer still run eagerly.
         self.graph_max_extend_rows = spec.num_steps + 1
-        self.graph_max_prefill_rows = 512
+        self.graph_max_prefill_rows = PREFILL_MAX_WIDTH
         self._slots = torch.arange(self.cache.capacity, device=self.device)  # [capacity]
         self._committed = torch.zeros(1, dtype=torch.long, device=self.device)  # device copy of `committed`
         self._root_token = torch.zeros(1, dtype=torch.long, device=self.device)

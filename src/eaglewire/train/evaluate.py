@@ -64,7 +64,7 @@ import logging
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -76,11 +76,9 @@ from eaglewire.train.distributed import DistContext, all_gather_objects, all_red
 from eaglewire.train.loss import StepCounts
 from eaglewire.train.replay import (
     Replay,
-    accepted_drafts,
     chain_tree,
     predicted_tau_chain,
     predicted_tau_tree,
-    replay_accepted,
     replay_tree,
     response_spans,
     response_turns,
@@ -181,12 +179,8 @@ class EvalResult:
             raise ConfigError(f"chain length k={k}: expected 1..{self.num_steps}")
         self._require_positions()
         segments = self._slices()
-        accepted = accepted_drafts(self.ranks, self.valid, chain_tree(k))
-        spans = response_spans(self.valid[:, 0], segments)
-        by_turn: dict[int, list[tuple[int, int]]] = {}
-        for span, turn in zip(spans, response_turns(spans, segments), strict=True):
-            by_turn.setdefault(turn, []).append(span)
-        return {t: replay_accepted(accepted, by_turn[t], k, self.horizon) for t in sorted(by_turn)}
+        turns = sorted(set(response_turns(response_spans(self.valid[:, 0], segments), segments)))
+        return {t: replace(self, answer=t).replay_chain(k) for t in turns}
 
     def replay_chain(self, k: int) -> Replay:
         if k < 0 or k > self.num_steps:

@@ -33,6 +33,7 @@ def kv_bucket(needed: int, capacity: int) -> int:
 
 
 PREFILL_MIN_WIDTH = 16  # the narrowest padded prefill (fewer graphs for the many short prompts)
+PREFILL_MAX_WIDTH = 512  # the widest graphed prefill (target and draft); longer prompts run eagerly
 
 
 def prefill_width(num_tokens: int) -> int:

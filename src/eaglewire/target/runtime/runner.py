@@ -25,7 +25,7 @@ from eaglewire.errors import BoundaryError, ConfigError, expected_actual
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.graphs import GraphCache, own_code
-from eaglewire.target.runtime.kv_cache import StaticKVCache, kv_bucket, prefill_width
+from eaglewire.target.runtime.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
 from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
@@ -101,7 +101,7 @@ class FastTargetRunner:
         cuda_graphs: bool | None = None,
         copy_outputs: bool = True,
         graph_max_new_tokens: int = 128,
-        graph_max_prefill_tokens: int = 512,
+        graph_max_prefill_tokens: int = PREFILL_MAX_WIDTH,
         compile_options: dict[str, Any] | None = None,
         kernel_choices: KernelChoices | None = None,
     ) -> None:

@@ -154,7 +154,7 @@ do_capture() {
     timeout "${CAPTURE_TIMEOUT_S:-300}" "$PY" benchmarks/capture_speed.py --tiny --work "$SMOL/work" --out "$out"
   else
     # shellcheck disable=SC2086 # CAPTURE_ARGS: extra flags, word-split on purpose
-    timeout "${CAPTURE_TIMEOUT_S:-150}" "$PY" benchmarks/capture_speed.py --target smollm2 --records 1500 \
+    timeout "${CAPTURE_TIMEOUT_S:-200}" "$PY" benchmarks/capture_speed.py --target smollm2 --records 1500 \
       --max-tokens "${CAPTURE_MAX_TOKENS:-1000000}" --work "$SMOL/work" --out "$out" ${CAPTURE_ARGS:-}
   fi
 }

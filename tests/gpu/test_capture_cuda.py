@@ -39,16 +39,10 @@ def test_copy_stream_records_equal_a_synchronous_read_back(tmp_path) -> None:
         for group in _batches(lengths, BATCH_SIZE, MAX_BATCH_TOKENS):
             width = max(lengths[i] for i in group)
             ids = torch.zeros((len(group), width), dtype=torch.long)
-            attn = torch.zeros((len(group), width), dtype=torch.long)
             for row, i in enumerate(group):
                 ids[row, : lengths[i]] = dataset[i].input_ids
-                attn[row, : lengths[i]] = 1
-            states = capture(
-                target.model,
-                ids.cuda(),
-                aux_boundaries=contract.aux_boundaries,
-                final=contract.final,
-                attention_mask=attn.cuda(),
+            states = capture(  # right-padded, no padding mask: as capture_records runs it
+                target.model, ids.cuda(), aux_boundaries=contract.aux_boundaries, final=contract.final
             )
             aux, final = states.aux.cpu(), states.final.cpu()  # synchronous
             for row, i in enumerate(group):
@@ -60,3 +54,29 @@ def test_copy_stream_records_equal_a_synchronous_read_back(tmp_path) -> None:
     for i in range(len(dataset)):
         torch.testing.assert_close(on_cuda[i].aux, on_cpu[i].aux, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(on_cuda[i].final, on_cpu[i].final, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_padded_batches_without_a_mask_equal_each_record_alone() -> None:
+    """In bf16 SDPA may run flash attention on the unmasked, right-padded batches: each record's
+    states still equal the record captured alone (within bf16 rounding)."""
+    target = make_tiny_target("llama", num_layers=8, dtype=torch.bfloat16)
+    target.model.to("cuda")
+    dataset = build_dataset(convs(23), tiny_tokenizer(), max_length=64, show_progress=False)[0]
+    contract = build_contract(target, None, final_norm="pre", fingerprint=False)
+    records = capture_records(
+        target,
+        dataset,
+        range(len(dataset)),
+        contract,
+        batch_size=BATCH_SIZE,
+        max_batch_tokens=MAX_BATCH_TOKENS,
+    )
+    for i, rec in enumerate(records):
+        alone = capture(
+            target.model,
+            dataset[i].input_ids[None].cuda(),
+            aux_boundaries=contract.aux_boundaries,
+            final=contract.final,
+        )
+        torch.testing.assert_close(rec.aux.float(), alone.aux[0].float().cpu(), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(rec.final.float(), alone.final[0].float().cpu(), atol=3e-2, rtol=3e-2)

@@ -22,7 +22,7 @@ from eaglewire.contract.contract import Contract
 from eaglewire.contract.fingerprint import NormSide
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import MANIFEST_FILE, ShardInfo, ShardWriter, load_manifest
-from eaglewire.data.types import CapturedRecord
+from eaglewire.data.types import CapturedRecord, TokenizedRecord
 from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.io_utils import sha256_text
 from eaglewire.target.capture import capture
@@ -117,6 +117,69 @@ def _to_host(aux: torch.Tensor, final: torch.Tensor, copy_stream: torch.cuda.Str
     return HostCopy(aux_host, final_host, arrived)
 
 
+@dataclass
+class LaunchedRecords:
+    """Records whose states are on their way to the host: `records()` waits for them and cuts each
+    record's aux [T, A*Ht] and final [T, Ht] out of its batch, in the order the records were given."""
+
+    recs: list[TokenizedRecord]
+    lengths: list[int]
+    batches: list[tuple[list[int], HostCopy]]  # row -> position in recs, and the batch's copy
+
+    def records(self) -> list[CapturedRecord]:
+        out: list[CapturedRecord | None] = [None] * len(self.recs)
+        for group, host in self.batches:
+            host.wait()  # the host buffers hold this batch now
+            for row, i in enumerate(group):
+                T, rec = self.lengths[i], self.recs[i]
+                # views: the shard writer streams them to the file without a copy
+                out[i] = CapturedRecord(
+                    rec.record_id, rec.input_ids, rec.loss_mask, host.aux[row, :T], host.final[row, :T]
+                )
+        return [r for r in out if r is not None]
+
+
+def launch_records(
+    target: LoadedTarget,
+    dataset: TokenizedDataset,
+    indices: Sequence[int],
+    contract: Contract,
+    *,
+    batch_size: int,
+    max_batch_tokens: int,
+    copy_stream: torch.cuda.Stream | None = None,
+) -> LaunchedRecords:
+    """Run the target over `indices` of `dataset` and start copying the contract's states to the
+    host, without waiting for the copies (on CUDA the forwards are queued too): `.records()` waits.
+
+    Batches are right-padded and get no padding mask: under causal attention a real token never
+    attends to the padding after it, so its states are the same as unpadded, and without a mask
+    SDPA may pick flash attention (no per-shape plans, unlike cuDNN; faster than the masked kernels).
+    On CUDA each batch's copy goes to pinned host memory on `copy_stream` (one is made if None)."""
+    recs = [dataset[i] for i in indices]
+    lengths = [int(r.input_ids.numel()) for r in recs]
+    device = target.device
+    on_cuda = device.type == "cuda"
+    if on_cuda and copy_stream is None:
+        copy_stream = torch.cuda.Stream(device)
+    queued: list[tuple[list[int], HostCopy]] = []
+    for group in _batches(lengths, batch_size, max_batch_tokens):
+        width = max(lengths[i] for i in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T] right-padded
+        for row, i in enumerate(group):
+            ids[row, : lengths[i]] = recs[i].input_ids
+        if on_cuda:
+            ids = ids.pin_memory()
+        states = capture(
+            target.model,
+            ids.to(device, non_blocking=True),
+            aux_boundaries=contract.aux_boundaries,
+            final=contract.final,
+        )
+        queued.append((group, _to_host(states.aux, states.final, copy_stream)))
+    return LaunchedRecords(recs, lengths, queued)
+
+
 def capture_records(
     target: LoadedTarget,
     dataset: TokenizedDataset,
@@ -126,48 +189,11 @@ def capture_records(
     batch_size: int,
     max_batch_tokens: int,
 ) -> list[CapturedRecord]:
-    """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`.
-
-    On CUDA every batch's states are copied into pinned host memory on a copy stream, without
-    waiting (the copy of batch i overlaps the forward of batch i+1; a pageable `.cpu()` would stall
-    the GPU once per batch); the records are cut out once all batches are queued."""
-    recs = [dataset[i] for i in indices]
-    lengths = [int(r.input_ids.numel()) for r in recs]
-    device = target.device
-    on_cuda = device.type == "cuda"
-    copy_stream = torch.cuda.Stream(device) if on_cuda else None
-    queued: list[tuple[list[int], HostCopy]] = []
-    for group in _batches(lengths, batch_size, max_batch_tokens):
-        width = max(lengths[i] for i in group)
-        ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T] right-padded
-        attn = torch.zeros((len(group), width), dtype=torch.long)
-        for row, i in enumerate(group):
-            ids[row, : lengths[i]] = recs[i].input_ids
-            attn[row, : lengths[i]] = 1
-        if on_cuda:
-            ids, attn = ids.pin_memory(), attn.pin_memory()
-        states = capture(
-            target.model,
-            ids.to(device, non_blocking=True),
-            aux_boundaries=contract.aux_boundaries,
-            final=contract.final,
-            attention_mask=attn.to(device, non_blocking=True),
-        )
-        queued.append((group, _to_host(states.aux, states.final, copy_stream)))
-    out: list[CapturedRecord | None] = [None] * len(recs)
-    for group, host in queued:
-        host.wait()  # the host buffers hold this batch now
-        aux, final = host.aux, host.final
-        for row, i in enumerate(group):
-            T = lengths[i]
-            out[i] = CapturedRecord(
-                recs[i].record_id,
-                recs[i].input_ids,
-                recs[i].loss_mask,
-                aux[row, :T],  # views: the shard writer streams them to the file without a copy
-                final[row, :T],
-            )
-    return [r for r in out if r is not None]
+    """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`
+    (`launch_records`, then wait for its copies)."""
+    return launch_records(
+        target, dataset, indices, contract, batch_size=batch_size, max_batch_tokens=max_batch_tokens
+    ).records()
 
 
 def capture_dataset(
@@ -187,9 +213,9 @@ def capture_dataset(
     """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
 
     The target runs on the calling thread while up to `write_workers` threads stream earlier shards
-    to disk and sha256 (at most write_workers + 1 shards' records are held in memory; writing adds
-    no copy of them), so disk and sha256 time overlap the target's forwards instead of adding to
-    them."""
+    to disk and sha256 (at most write_workers + 2 shards' records are held in memory: those being
+    written, the one being copied to the host, the one being captured; writing adds no copy of
+    them), so disk and sha256 time overlap the target's forwards instead of adding to them."""
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
     want = dataset.meta.get("tokenizer_hash")
@@ -239,25 +265,38 @@ def capture_dataset(
         bar.set_postfix_str(f"{stats.tokens / (time.perf_counter() - start):.0f} tok/s")
         log.debug("shard %d: %d records, %d tokens written", info.index, info.records, info.tokens)
 
+    copy_stream = torch.cuda.Stream(target.device) if target.device.type == "cuda" else None
     pending: deque[Future[ShardInfo]] = deque()
     with ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool:
+
+        def write(k: int, lo: int, launched: LaunchedRecords) -> None:
+            pending.append(pool.submit(writer.write, k, lo, launched.records()))
+            while len(pending) > write_workers:  # bound the shards held in memory
+                account(pending.popleft().result())
+
+        # Shard k's forwards are queued before shard k - 1's copies are waited for, so the GPU
+        # never drains between shards while the host cuts records and hands them to a writer.
+        in_flight: tuple[int, int, LaunchedRecords] | None = None
         for k in range(num_shards):
             lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
             if writer.done(k):
                 stats.shards_resumed += 1
                 bar.update(int(lengths[lo:hi].sum()))
                 continue
-            recs = capture_records(
+            launched = launch_records(
                 target,
                 dataset,
                 range(lo, hi),
                 contract,
                 batch_size=batch_size,
                 max_batch_tokens=max_batch_tokens,
+                copy_stream=copy_stream,
             )
-            pending.append(pool.submit(writer.write, k, lo, recs))
-            while len(pending) > write_workers:  # bound the shards held in memory
-                account(pending.popleft().result())
+            if in_flight is not None:
+                write(*in_flight)
+            in_flight = (k, lo, launched)
+        if in_flight is not None:
+            write(*in_flight)
         while pending:
             account(pending.popleft().result())
     bar.close()

@@ -58,8 +58,9 @@ from typing import Any
 import torch
 
 from eaglewire.bench.report import describe_device, now_iso
+from eaglewire.data.batching import length_batches
 from eaglewire.data.build import build_dataset, load_source
-from eaglewire.data.capture import _batches, capture_dataset, capture_records, human_bytes, launch_records
+from eaglewire.data.capture import capture_dataset, capture_records, human_bytes, launch_records
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.capture import capture
@@ -162,7 +163,7 @@ def padded_batches(
     """The batches capture_records forms (its grouping), right-padded, already on `device`."""
     lengths = [int(x) for x in ds.lengths()]
     out: list[Batch] = []
-    for group in _batches(lengths, batch_size, max_batch_tokens):
+    for group in length_batches(lengths, batch_size, max_batch_tokens):
         width = max(lengths[i] for i in group)
         ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T]
         attn = torch.zeros((len(group), width), dtype=torch.long)

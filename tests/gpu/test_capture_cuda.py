@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eaglewire.data.batching import length_batches
 from eaglewire.data.build import build_dataset
-from eaglewire.data.capture import _batches, capture_dataset, capture_records
+from eaglewire.data.capture import capture_dataset, capture_records
 from eaglewire.data.shards import ShardDataset
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
@@ -36,7 +37,7 @@ def test_copy_stream_records_equal_a_synchronous_read_back(tmp_path) -> None:
     )
     lengths = [int(dataset[i].input_ids.numel()) for i in indices]
     with torch.no_grad():
-        for group in _batches(lengths, BATCH_SIZE, MAX_BATCH_TOKENS):
+        for group in length_batches(lengths, BATCH_SIZE, MAX_BATCH_TOKENS):
             width = max(lengths[i] for i in group)
             ids = torch.zeros((len(group), width), dtype=torch.long)
             for row, i in enumerate(group):

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from eaglewire.cli.common import parse_int_list, print_json, print_table
+from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
 
 data_app = typer.Typer(
     help="Training data: regenerate answers, tokenize, vocab map, capture, import.", no_args_is_help=True
@@ -223,8 +224,12 @@ def capture_cmd(
     final_norm: str = typer.Option(
         "pre", "--final-norm", help="final state before ('pre') or after ('post') the norm"
     ),
-    batch_size: int = typer.Option(8, "--batch-size"),
-    max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="padded tokens per forward"),
+    batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, "--batch-size", help="records per forward at most"),
+    max_batch_tokens: int = typer.Option(
+        DEFAULT_MAX_BATCH_TOKENS,
+        "--max-batch-tokens",
+        help="padded tokens per forward at most (lower it if the target runs out of GPU memory)",
+    ),
     shard_records: int = typer.Option(256, "--shard-records", help="records per shard file"),
     write_workers: int = typer.Option(
         8, "--write-workers", help="threads writing shards while the target computes the next ones"

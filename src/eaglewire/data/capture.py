@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from eaglewire.contract.contract import Contract
 from eaglewire.contract.fingerprint import NormSide
+from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, length_batches
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import MANIFEST_FILE, ShardInfo, ShardWriter, load_manifest
 from eaglewire.data.types import CapturedRecord, TokenizedRecord
@@ -63,22 +64,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def _batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int) -> list[list[int]]:
-    """Indices grouped longest-first so padding stays small; each batch <= max_batch_tokens padded."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        width = lengths[cur[0]] if cur else lengths[i]
-        if cur and (len(cur) >= batch_size or width * (len(cur) + 1) > max_batch_tokens):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
 
 
 @dataclass
@@ -163,19 +148,26 @@ def launch_records(
     if on_cuda and copy_stream is None:
         copy_stream = torch.cuda.Stream(device)
     queued: list[tuple[list[int], HostCopy]] = []
-    for group in _batches(lengths, batch_size, max_batch_tokens):
+    for group in length_batches(lengths, batch_size, max_batch_tokens):
         width = max(lengths[i] for i in group)
         ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T] right-padded
         for row, i in enumerate(group):
             ids[row, : lengths[i]] = recs[i].input_ids
         if on_cuda:
             ids = ids.pin_memory()
-        states = capture(
-            target.model,
-            ids.to(device, non_blocking=True),
-            aux_boundaries=contract.aux_boundaries,
-            final=contract.final,
-        )
+        try:
+            states = capture(
+                target.model,
+                ids.to(device, non_blocking=True),
+                aux_boundaries=contract.aux_boundaries,
+                final=contract.final,
+            )
+        except torch.OutOfMemoryError as e:
+            raise ConfigError(
+                f"capture: a batch of {len(group)} records x {width} tokens ({len(group) * width} padded "
+                f"tokens, max_batch_tokens {max_batch_tokens}, batch_size {batch_size}) ran out of memory on {device}",
+                fix="rerun the same command with a smaller --max-batch-tokens (shards already written are kept and skipped)",
+            ) from e
         queued.append((group, _to_host(states.aux, states.final, copy_stream)))
     return LaunchedRecords(recs, lengths, queued)
 
@@ -203,8 +195,8 @@ def capture_dataset(
     *,
     aux_boundaries: Sequence[int] | None = None,
     final_norm: NormSide = "pre",
-    batch_size: int = 8,
-    max_batch_tokens: int = 16384,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     shard_records: int = 256,
     source: str = "",
     show_progress: bool = True,
@@ -283,15 +275,20 @@ def capture_dataset(
                 stats.shards_resumed += 1
                 bar.update(int(lengths[lo:hi].sum()))
                 continue
-            launched = launch_records(
-                target,
-                dataset,
-                range(lo, hi),
-                contract,
-                batch_size=batch_size,
-                max_batch_tokens=max_batch_tokens,
-                copy_stream=copy_stream,
-            )
+            try:
+                launched = launch_records(
+                    target,
+                    dataset,
+                    range(lo, hi),
+                    contract,
+                    batch_size=batch_size,
+                    max_batch_tokens=max_batch_tokens,
+                    copy_stream=copy_stream,
+                )
+            except BaseException:
+                if in_flight is not None:  # captured already: keep it for the resumed run
+                    write(*in_flight)
+                raise
             if in_flight is not None:
                 write(*in_flight)
             in_flight = (k, lo, launched)

@@ -15,7 +15,7 @@ from eaglewire.data.capture import capture_dataset, estimate_storage
 from eaglewire.data.formats import Conversation, Message
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import MANIFEST_FILE, ShardDataset, shard_file_name
-from eaglewire.errors import ContractMismatchError, DataFormatError
+from eaglewire.errors import ConfigError, ContractMismatchError, DataFormatError
 from eaglewire.target.capture import capture_all
 from tests.helpers.tiny import make_tiny_target, tiny_tokenizer
 
@@ -147,3 +147,31 @@ def test_capture_refuses_other_tokenizer(tmp_path: Path, target, dataset: Tokeni
     )
     with pytest.raises(ContractMismatchError, match="another tokenizer"):
         capture_dataset(target, other, tmp_path / "s", show_progress=False)
+
+
+def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
+    tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A batch that runs out of memory stops the capture with the flag to lower; the shard captured
+    before it (still in flight) is written, and the rerun resumes after it."""
+    import eaglewire.data.capture as capture_module
+
+    real, calls = capture_module.capture, []
+
+    def capture_then_oom(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 3:  # shard 2's only batch
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    out = tmp_path / "shards"
+    monkeypatch.setattr(capture_module, "capture", capture_then_oom)
+    with pytest.raises(
+        ConfigError, match=r"(?s)3 records x \d+ tokens.*ran out of memory.*--max-batch-tokens"
+    ):
+        capture_dataset(target, dataset, out, shard_records=4, batch_size=4, show_progress=False)
+    assert [s["index"] for s in json.loads((out / MANIFEST_FILE).read_text())["shards"]] == [0, 1]
+    monkeypatch.setattr(capture_module, "capture", real)
+    stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, show_progress=False)
+    assert stats.shards_resumed == 2 and stats.shards_written == 1
+    assert len(ShardDataset(out, verify="eager")) == len(dataset)

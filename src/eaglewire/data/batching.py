@@ -1,0 +1,29 @@
+"""How capture groups records into forwards (pure: no torch, so the CLI can show the defaults)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# A forward launches the same ~1,000 kernels whatever its batch holds, so small batches leave the
+# GPU waiting on the host: on the H200 (BENCHMARKS.md section 3, 2026-12-01 profile) batches of 8
+# chitchat records (~5.8k tokens) took 29 ms of host time against 14 ms of kernels. Batches are
+# therefore bounded by tokens, not rows: a row cap high enough never to bind for chat-length records.
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_MAX_BATCH_TOKENS = 32768
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int) -> list[list[int]]:
+    """Indices of `lengths` grouped longest-first so padding stays small: each group holds at most
+    `batch_size` records and `max_batch_tokens` padded tokens (a record longer than that alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) >= batch_size or width * (len(cur) + 1) > max_batch_tokens):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from eaglewire.cli.common import EXIT_FINDING, parse_int_list, print_json
+from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, parse_int_list, print_json, resolve_device
 from eaglewire.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def bench(
     dtype: str = typer.Option(
         "auto", "--dtype", help="float32 | bfloat16 | auto (bfloat16 on CUDA, float32 on CPU)"
     ),
-    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
     out: Path = typer.Option(
         Path("bench-results"), "--out", help="directory for bench.json/.md and PNG plots"
@@ -131,14 +131,12 @@ def bench(
 
     Example: eaglewire bench --target smollm2 --draft runs/draft --prompts mt-bench --out bench-out
     """
-    import torch
 
     from eaglewire.bench.prediction import evaluate_predictor, find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
     from eaglewire.target.loading import load_target
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     command = command_line(ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,19 @@ EXIT_INVALID_INPUT = 2
 
 console = Console()
 err_console = Console(stderr=True)
+
+DEVICE_HELP = "cpu | cuda | cuda:N | auto (cuda when available)"
+
+
+def resolve_device(device: str) -> str:
+    """--device as every command spells it: 'auto' -> 'cuda' when CUDA is available, else 'cpu'."""
+    if device != "auto" and device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ConfigError(f"--device: expected {DEVICE_HELP}, got {device!r}")
+    if device != "auto":
+        return device
+    import torch  # here, not at import: --help stays fast
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_app(app: typer.Typer) -> None:

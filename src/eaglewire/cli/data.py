@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from eaglewire.cli.common import parse_int_list, print_json, print_table
+from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
 from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
 
 data_app = typer.Typer(
@@ -60,7 +60,7 @@ def regenerate_cmd(
         False, "--skip-bad", help="skip (and count) malformed lines instead of failing"
     ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
-    device: str = typer.Option("cpu", "--device"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     max_seconds: float = typer.Option(
         0.0, "--max-seconds", help="start no new batch after this long (0 = no budget); rerun to resume"
@@ -86,7 +86,7 @@ def regenerate_cmd(
     sampling = SamplingConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size
     )
-    loaded = load_target(target, dtype=dtype, device=device)
+    loaded = load_target(target, dtype=dtype, device=resolve_device(device))
     if builtin_name(input) == "magpie":
         magpie_sampling = replace(DEFAULT_MAGPIE_SAMPLING, seed=seed, batch_size=batch_size)
         prompts = cached_magpie_prompts(
@@ -235,7 +235,7 @@ def capture_cmd(
         8, "--write-workers", help="threads writing shards while the target computes the next ones"
     ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
-    device: str = typer.Option("cpu", "--device"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Capture the contract's hidden states into safetensors shards + manifest.json."""
@@ -246,7 +246,7 @@ def capture_cmd(
 
     if final_norm not in ("pre", "post"):
         raise ConfigError(f"--final-norm: expected 'pre' or 'post', got {final_norm!r}")
-    loaded = load_target(target, dtype=dtype, device=device)
+    loaded = load_target(target, dtype=dtype, device=resolve_device(device))
     ds = TokenizedDataset.load(dataset)
     stats = capture_dataset(
         loaded,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from eaglewire.cli.common import print_json, print_table
+from eaglewire.cli.common import DEVICE_HELP, print_json, print_table, resolve_device
 
 TREE_HELP = (
     "also predict tau for a tree: 'TOPKxDEPTH' (full tree, e.g. 2x3) or a JSON file listing nodes as "
@@ -46,7 +46,7 @@ def eval_command(
     max_records: int = typer.Option(0, "--max-records", help="0 = all records"),
     batch_size: int = typer.Option(4, "--batch-size"),
     max_length: int = typer.Option(2048, "--max-length"),
-    device: str = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available)"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     target_dtype: str = typer.Option(None, "--target-dtype"),
     horizon: int = typer.Option(
         0,
@@ -69,7 +69,7 @@ def eval_command(
         batch_size=batch_size,
         max_length=max_length,
         max_records=max_records,
-        device=device,
+        device=resolve_device(device),
         target_dtype=target_dtype,
     )
     if horizon < 0:

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from eaglewire.cli.common import EXIT_FINDING, print_json, print_table
+from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, print_json, print_table, resolve_device
 from eaglewire.engine.api import DEFAULT_SPEC, GenerationResult, SpeculativeDecoder
 from eaglewire.engine.plain import generate_plain
 from eaglewire.engine.sampling import SamplingParams
@@ -90,7 +90,7 @@ def generate(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="tokens to generate per prompt at most"),
     stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable); the text is cut before it"),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (target and draft)"),
-    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     runner: str = typer.Option("auto", "--runner", help="target runtime: auto | fast | hf (full recompute)"),
     raw: bool = typer.Option(False, "--raw", help="do not apply the chat template"),
     check_lossless: bool = typer.Option(
@@ -114,10 +114,7 @@ def generate(
     spec = SpecArgs(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
     prompts = read_prompts(prompt, prompts_file)
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     decoder = SpeculativeDecoder.load(target, draft, spec=spec, dtype=dtype, device=device, runner=runner)  # type: ignore[arg-type]
 
     records: list[dict[str, Any]] = []

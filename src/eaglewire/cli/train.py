@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from eaglewire.cli.common import parse_int_list, print_json, print_table
+from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
 
 # CLI flag -> TrainConfig field. Only flags given on the command line override the config.
 _OVERRIDES = {
@@ -72,7 +72,7 @@ def train_command(
     compile: bool = typer.Option(
         None, "--compile/--no-compile", help="torch.compile the draft's forward (dynamic shapes)"
     ),
-    device: str = typer.Option(None, "--device", help="cpu | cuda (default: cuda when available)"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     target_dtype: str = typer.Option(
         None, "--target-dtype", help="dtype of the online target (default bf16 on GPU)"
     ),
@@ -100,7 +100,7 @@ def train_command(
         from eaglewire.data.vocab import load_draft_vocab
 
         d2t = load_draft_vocab(vocab_map).draft_to_target
-    ctx = init_distributed(device)
+    ctx = init_distributed(resolve_device(device))  # cuda -> cuda:LOCAL_RANK under torchrun
     try:
         result = run_training(
             target=target,

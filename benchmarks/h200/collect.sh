@@ -8,7 +8,7 @@
 # `python benchmarks/h200/draft_parts.py unpack --parts DIR --target smollm2 --out DRAFT_DIR`), and as many
 # key files flat as fit, in this order: DONE steps.tsv qs_summary.json best_setting.json capture_speed.json
 # sweep_sweep.md (all of them are in results.tgz too). Partial results come back too, so a call can be the
-# last one of the lease. Rerun it (a new call) while DONE is absent. Knobs: SMOL, WAIT_S, OUT, PY (python3,
+# last one of the lease: it first reruns snapshot.sh, so a step still running brings back what it has written. Rerun it (a new call) while DONE is absent. Knobs: SMOL, WAIT_S, OUT, PY (python3,
 # with PYTHONPATH=$SMOL/site:$SMOL/repo/src as full_run.sh), DRAFT_MAX_MIB (15).
 set -uo pipefail
 SMOL="${SMOL:-$HOME/smol}"
@@ -74,6 +74,10 @@ clean_log | tail -n 40
 [ -f "$results/steps.tsv" ] && { echo "== steps (name rc seconds end)"; cat "$results/steps.tsv"; }
 
 if [ -n "${OUT:-}" ] && [ -d "$results" ]; then
+  # what the running step has written so far (the decode stage writes each prompt set as it ends)
+  snap="$here/snapshot.sh"
+  [ -f "$snap" ] || snap="$SMOL/repo/benchmarks/h200/snapshot.sh"
+  pyenv env SMOL="$SMOL" PY="$PY" bash "$snap" || echo "== snapshot failed (rc $?); results as of the last step"
   clean_log > "$results/full_log.txt"
   mapfile -t draft_files < <(pack_draft)
   tar -C "$SMOL" -czf "$OUT/results.tgz" results

@@ -99,24 +99,8 @@ draft_dir() { # the trained draft, from the quickstart's train stage marker
   [ -f "$qs/train.json" ] && "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["result"]["draft_dir"])' "$qs/train.json"
 }
 
-# Small, flat copies of everything worth keeping (rerun after each step).
-snapshot() {
-  local f s base
-  for f in "$qs"/*.json; do [ -f "$f" ] && cp "$f" "$results/qs_$(basename "$f")"; done
-  for s in "$qs"/decode/*/; do
-    [ -d "$s" ] || continue
-    base=$(basename "$s")
-    for f in "$s"*.md "$s"*.json "$s"*.png; do [ -f "$f" ] && cp "$f" "$results/${base}_$(basename "$f")"; done
-  done
-  for f in "$sweep_out"/*; do [ -f "$f" ] && cp "$f" "$results/sweep_$(basename "$f")"; done
-  local d
-  d=$(draft_dir) && [ -f "$d/best_setting.json" ] && cp "$d/best_setting.json" "$results/best_setting.json"
-  [ -f "$qs/train/train_summary.json" ] && cp "$qs/train/train_summary.json" "$results/train_summary.json"
-  # the held-out tokenized records (well under 1 MB): with the draft that collect.sh brings back, the
-  # held-out replay of any chain or tree runs offline here (`eaglewire eval --data eval_data ...`)
-  if [ -d "$qs/data/eval" ] && [ ! -d "$results/eval_data" ]; then cp -r "$qs/data/eval" "$results/eval_data"; fi
-  return 0
-}
+# Small, flat copies of everything worth keeping into $results (after each step; collect.sh too).
+snapshot() { SMOL="$SMOL" FULL_RUN_TINY="$TINY" PY="$PY" bash benchmarks/h200/snapshot.sh; }
 
 do_env() {
   {

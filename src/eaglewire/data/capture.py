@@ -287,7 +287,15 @@ def capture_dataset(
                 )
             except BaseException:
                 if in_flight is not None:  # captured already: keep it for the resumed run
-                    write(*in_flight)
+                    try:
+                        write(*in_flight)
+                    except (
+                        RuntimeError,
+                        OSError,
+                    ) as err:  # a sticky CUDA error, a full disk: the first error is the news
+                        log.warning(
+                            "capture: shard %d (captured) could not be written: %s", in_flight[0], err
+                        )
                 raise
             if in_flight is not None:
                 write(*in_flight)

@@ -131,7 +131,6 @@ def bench(
 
     Example: eaglewire bench --target smollm2 --draft runs/draft --prompts mt-bench --out bench-out
     """
-
     from eaglewire.bench.prediction import evaluate_predictor, find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
     from eaglewire.target.loading import load_target

@@ -27,7 +27,7 @@ DEVICE_HELP = "cpu | cuda | cuda:N | auto (cuda when available)"
 
 def resolve_device(device: str) -> str:
     """--device as every command spells it: 'auto' -> 'cuda' when CUDA is available, else 'cpu'."""
-    if device != "auto" and device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
         raise ConfigError(f"--device: expected {DEVICE_HELP}, got {device!r}")
     if device != "auto":
         return device

@@ -95,6 +95,12 @@ def quickstart(
     out: Path = typer.Option(Path("runs/quickstart"), "--out", help="run directory (rerun to resume)"),
     target: str = typer.Option("smollm2", "--target", help="target to run the recipe on"),
     chitchat: int = typer.Option(None, "--chitchat", help="override: training conversations from chitchat"),
+    magpie: int = typer.Option(
+        None, "--magpie", help="override: prompts sampled from the target itself (Magpie) for training"
+    ),
+    draft_vocab_size: int = typer.Option(
+        None, "--draft-vocab-size", help="override: Vd, the draft's vocabulary (by frequency in the answers)"
+    ),
     epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
     regen_max_seconds: float = typer.Option(
         None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
@@ -124,6 +130,8 @@ def quickstart(
     chosen = get_preset(
         name,
         chitchat_conversations=chitchat,
+        magpie_prompts=magpie,
+        draft_vocab_size=draft_vocab_size,
         epochs=epochs,
         regen_max_seconds=regen_max_seconds,
         train_max_seconds=train_max_seconds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglewire.errors import ConfigError
+from eaglewire.errors import ConfigError, TargetFilesError
 from eaglewire.recipes.presets import PRESETS, get_preset
 
 
@@ -101,3 +101,25 @@ def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets():
     first = load_prompt_set(runs[2].prompt_set, runs[2].num_prompts)
     assert [p.prompt_id for p in whole.prompts[: gpu.decode_prompts]] == [p.prompt_id for p in first.prompts]
     assert [r.name for r in decode_runs(PRESETS["cpu"])] == list(PRESETS["cpu"].prompt_sets)
+
+
+def test_cli_overrides_reach_the_preset(tmp_path):
+    """Every override flag names a real preset field (get_preset refuses unknown ones before the
+    first stage): a run with all of them set gets as far as the missing target."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli import app
+
+    flags = ["--chitchat", "3", "--magpie", "2", "--draft-vocab-size", "300", "--epochs", "1"]
+    flags += ["--regen-max-seconds", "0", "--train-max-seconds", "0", "--regen-batched", "--train-eager"]
+    args = [
+        "quickstart",
+        "--preset",
+        "tiny",
+        "--target",
+        str(tmp_path / "none"),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    r = CliRunner().invoke(app, [*args, *flags])
+    assert isinstance(r.exception, TargetFilesError), r.exception

@@ -25,8 +25,7 @@ shape) would not: the baseline is generous. A torch.profiler pass over capture_r
 top host and device operations to the JSON (`profile`).
 
 tokens/s counts real (unpadded) tokens in every row; padding costs the same in all of them. The
-first four rows: CUDA-synchronised wall time after one untimed warm-up pass, median of --repeats
-passes. capture_dataset: one run, timed by the library itself (`CaptureStats.seconds`, the number
+in-memory rows are CUDA-synchronised wall times. capture_dataset: one run, timed by the library itself (`CaptureStats.seconds`, the number
 the CLI prints) and, in `wall_s`, around the whole call (contract fingerprint and writer setup too).
 
     PYTHONPATH=src:. python3 benchmarks/capture_speed.py --target smollm2 --out capture_speed.json  # GPU

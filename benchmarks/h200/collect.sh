@@ -24,12 +24,12 @@ running() { [ -f "$SMOL/full_run.pid" ] && kill -0 "$(cat "$SMOL/full_run.pid")"
 clean_log() { [ -f "$log" ] && tr '\r' '\n' < "$log" | grep -v -E '[0-9]+%\|.*\||\[[0-9:]+<[0-9:?]+|^[[:space:]]*$'; }
 pyenv() { PYTHONPATH="$SMOL/site:$SMOL/repo/src${PYTHONPATH:+:$PYTHONPATH}" "$@"; } # as full_run.sh's
 # The trained draft, from the quickstart's train stage marker (the GPU preset's, else any preset's).
+# shellcheck source=benchmarks/h200/common.sh
+source "$here/common.sh"
 draft_dir() {
-  local f
-  for f in "$SMOL/runs/quickstart/gpu/train.json" "$SMOL"/runs/quickstart/*/train.json; do
-    [ -f "$f" ] || continue
-    pyenv "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["result"]["draft_dir"])' "$f"
-    return
+  local run
+  for run in "$SMOL/runs/quickstart/gpu" "$SMOL"/runs/quickstart/*; do
+    draft_dir_of "$run" && return
   done
   return 1
 }

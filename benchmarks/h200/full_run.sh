@@ -95,9 +95,9 @@ step() {
   return "$rc"
 }
 
-draft_dir() { # the trained draft, from the quickstart's train stage marker
-  [ -f "$qs/train.json" ] && "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["result"]["draft_dir"])' "$qs/train.json"
-}
+# shellcheck source=benchmarks/h200/common.sh
+source benchmarks/h200/common.sh
+draft_dir() { draft_dir_of "$qs"; } # the trained draft, from the quickstart's train stage marker
 
 # Small, flat copies of everything worth keeping into $results (after each step; collect.sh too).
 snapshot() { SMOL="$SMOL" FULL_RUN_TINY="$TINY" PY="$PY" bash benchmarks/h200/snapshot.sh; }

@@ -14,6 +14,8 @@ preset=gpu
 qs="$SMOL/runs/quickstart/$preset" # the CLI appends the preset's name to --out
 sweep_out="$SMOL/runs/sweep"
 mkdir -p "$results"
+# shellcheck source=benchmarks/h200/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 for f in "$qs"/*.json; do [ -f "$f" ] && cp "$f" "$results/qs_$(basename "$f")"; done
 for s in "$qs"/decode/*/; do
@@ -22,10 +24,7 @@ for s in "$qs"/decode/*/; do
   for f in "$s"*.md "$s"*.json "$s"*.png; do [ -f "$f" ] && cp "$f" "$results/${base}_$(basename "$f")"; done
 done
 for f in "$sweep_out"/*; do [ -f "$f" ] && cp "$f" "$results/sweep_$(basename "$f")"; done
-if [ -f "$qs/train.json" ]; then
-  d=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["result"]["draft_dir"])' "$qs/train.json")
-  [ -f "$d/best_setting.json" ] && cp "$d/best_setting.json" "$results/best_setting.json"
-fi
+d=$(draft_dir_of "$qs") && [ -f "$d/best_setting.json" ] && cp "$d/best_setting.json" "$results/best_setting.json"
 [ -f "$qs/train/train_summary.json" ] && cp "$qs/train/train_summary.json" "$results/train_summary.json"
 # the held-out tokenized records (well under 1 MB): with the draft that collect.sh brings back, the
 # held-out replay of any chain or tree runs offline here (`eaglewire eval --data eval_data ...`)

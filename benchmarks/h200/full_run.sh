@@ -30,7 +30,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, TRAIN_PROFILE_ARGS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -169,7 +169,8 @@ profile() {
 # shellcheck disable=SC2086 # LOOP_PROFILE_ARGS: word-split on purpose
 do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 130 ${LOOP_PROFILE_ARGS:-}; }
 # where a training step's time goes (target side, forward, backward, update), eager and compiled
-do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40; }
+# shellcheck disable=SC2086 # TRAIN_PROFILE_ARGS: word-split on purpose
+do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40 ${TRAIN_PROFILE_ARGS:-}; }
 
 do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without CUDA); GPU_TESTS: which files
   # shellcheck disable=SC2086 # GPU_TESTS: test paths, word-split on purpose
@@ -178,10 +179,30 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
   return "${PIPESTATUS[0]}"
 }
 
+# QS_TRAIN_COMPILE=auto: train with the draft's forward compiled only when this session's
+# train_profile step measured the compiled step at least 5% faster than the eager one (a compile
+# that fails there, or is slower, leaves training eager instead of costing the lease its draft).
+compile_gate() {
+  local prof="$results/train_profile.json"
+  [ "${QS_TRAIN_COMPILE:-}" = auto ] || return 0
+  [ -f "$prof" ] || { say "compile gate: no $prof: training stays eager" >&2; return 0; }
+  "$PY" - "$prof" <<'PYEOF'
+import json, sys
+rows = {r["setting"]: r["tokens_per_s"] for r in json.load(open(sys.argv[1]))}
+eager = {k: v for k, v in rows.items() if not k.endswith(" compiled")}
+pairs = [(v, rows.get(k + " compiled")) for k, v in eager.items()]
+ok = bool(pairs) and all(c is not None and c >= 1.05 * e for e, c in pairs)
+print("--train-compile" if ok else "", end="")
+print(f"compile gate: {rows} -> {'compiled' if ok else 'eager'}", file=sys.stderr)
+PYEOF
+}
+
 do_quickstart() {
+  local extra
+  extra=$(compile_gate)
   # shellcheck disable=SC2086 # QS_ARGS: extra flags (e.g. shorter budgets), word-split on purpose
   timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
-    --out "$runs/quickstart" ${QS_ARGS:-}
+    --out "$runs/quickstart" ${QS_ARGS:-} $extra
 }
 
 do_sweep() {

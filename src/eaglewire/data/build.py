@@ -17,7 +17,7 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from eaglewire.data.builtin import builtin_name, heldout_ids, load_builtin
-from eaglewire.data.chat_masks import resolve_chat_template, tokenize_conversation
+from eaglewire.data.chat_masks import Tokenized, resolve_chat_template, tokenize_conversations
 from eaglewire.data.formats import Conversation, ReadStats, filter_conversations, read_conversations
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.types import TokenizedRecord
@@ -26,6 +26,9 @@ from eaglewire.io_utils import sha256_text
 from eaglewire.target.identity import tokenizer_hash
 
 log = logging.getLogger(__name__)
+
+# Conversations rendered per tokenizer call: the fast tokenizer encodes a batch on all cores.
+TOKENIZE_BATCH = 512
 
 
 @dataclass
@@ -38,6 +41,31 @@ class BuildStats:
     truncated_tokens: int = 0
     skipped_no_loss_tokens: int = 0  # every assistant token fell past max_length
     skipped_template_error: int = 0
+
+
+def _add_record(
+    records: list[TokenizedRecord],
+    stats: BuildStats,
+    conv: Conversation,
+    tok: Tokenized | DataFormatError,
+    *,
+    skip_bad: bool,
+) -> None:
+    """Count one conversation's outcome; keep its record when it has assistant tokens."""
+    if isinstance(tok, DataFormatError):
+        if not skip_bad:
+            raise tok
+        stats.skipped_template_error += 1
+        return
+    if not bool(tok.loss_mask.any()):
+        stats.skipped_no_loss_tokens += 1
+        return
+    if tok.truncated_tokens:
+        stats.truncated_records += 1
+        stats.truncated_tokens += tok.truncated_tokens
+    records.append(TokenizedRecord(conv.record_id, tok.input_ids, tok.loss_mask))
+    stats.tokens += int(tok.input_ids.numel())
+    stats.loss_tokens += int(tok.loss_mask.sum())
 
 
 def load_source(
@@ -94,23 +122,13 @@ def build_dataset(
     template = resolve_chat_template(tokenizer, chat_template)
     stats = BuildStats(conversations_in=len(conversations))
     records: list[TokenizedRecord] = []
-    for conv in tqdm(conversations, desc="tokenize", unit="conv", disable=not show_progress):
-        try:
-            tok = tokenize_conversation(tokenizer, conv, template, max_length=max_length)
-        except DataFormatError:
-            if not skip_bad:
-                raise
-            stats.skipped_template_error += 1
-            continue
-        if not bool(tok.loss_mask.any()):
-            stats.skipped_no_loss_tokens += 1
-            continue
-        if tok.truncated_tokens:
-            stats.truncated_records += 1
-            stats.truncated_tokens += tok.truncated_tokens
-        records.append(TokenizedRecord(conv.record_id, tok.input_ids, tok.loss_mask))
-        stats.tokens += int(tok.input_ids.numel())
-        stats.loss_tokens += int(tok.loss_mask.sum())
+    with tqdm(total=len(conversations), desc="tokenize", unit="conv", disable=not show_progress) as bar:
+        for lo in range(0, len(conversations), TOKENIZE_BATCH):
+            chunk = conversations[lo : lo + TOKENIZE_BATCH]
+            results = tokenize_conversations(tokenizer, chunk, template, max_length=max_length)
+            for conv, tok in zip(chunk, results, strict=True):
+                _add_record(records, stats, conv, tok, skip_bad=skip_bad)
+            bar.update(len(chunk))
     stats.records = len(records)
     if not records:
         raise DataFormatError(f"{source or 'input'}: no conversation produced a record with assistant tokens")

@@ -17,10 +17,12 @@ earlier turns), the content is located in the full text instead, after the previ
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from eaglewire.data.formats import Conversation, to_chat_messages
@@ -128,7 +130,16 @@ def assistant_spans(
                 prefix = render(tokenizer, messages[:i], template, add_generation_prompt=True)
             except Exception:  # noqa: BLE001 - some templates refuse partial conversations
                 prefix = None
-        through = render(tokenizer, messages[: i + 1], template, add_generation_prompt=False)
+        if i + 1 == len(messages):  # the conversation through its last message is `full`
+            through = full
+        else:
+            try:
+                through = render(tokenizer, messages[: i + 1], template, add_generation_prompt=False)
+            except Exception as e:  # noqa: BLE001 - jinja raises many types
+                raise DataFormatError(
+                    f"{where}: the chat template failed to render this conversation through assistant "
+                    f"message {i}: {e}"
+                ) from None
         prefix_ok = prefix is not None and full.startswith(prefix) and len(prefix) >= cursor
         if prefix_ok and full.startswith(through) and len(through) > len(prefix or ""):
             start = len(prefix or "")
@@ -152,16 +163,23 @@ def assistant_spans(
     return full, spans
 
 
-def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> torch.Tensor:
-    """[T] bool: True for each token whose first character lies inside a span."""
-    mask = torch.zeros(len(offsets), dtype=torch.bool)
-    j = 0
-    for k, (s, _e) in enumerate(offsets):
-        while j < len(spans) and s >= spans[j][1]:
-            j += 1
-        if j < len(spans) and spans[j][0] <= s < spans[j][1]:
-            mask[k] = True
-    return mask
+def mask_from_offsets(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """[T] bool: True for each token whose first character lies inside a span.
+
+    `spans` are in order and disjoint, as `assistant_spans` returns them. Each token is checked
+    against the first span that ends after the furthest token start seen so far (what a
+    left-to-right scan does), so a token whose offsets step back is never matched to an earlier span.
+    """
+    starts = np.array([o[0] for o in offsets], dtype=np.int64)  # [T]
+    if not spans or starts.size == 0:
+        return torch.zeros(starts.size, dtype=torch.bool)
+    bounds = np.array(spans, dtype=np.int64).reshape(-1, 2)  # [S, 2]
+    reach = np.maximum.accumulate(starts)  # [T] furthest start so far
+    j = np.searchsorted(bounds[:, 1], reach, side="right")  # [T] first span ending after reach
+    inside = j < len(bounds)
+    jc = np.minimum(j, len(bounds) - 1)
+    inside &= (bounds[jc, 0] <= starts) & (starts < bounds[jc, 1])
+    return torch.from_numpy(inside)
 
 
 @dataclass
@@ -180,20 +198,64 @@ def require_fast(tokenizer: Any) -> None:
         )
 
 
+def _to_tokenized(
+    ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]], max_length: int | None
+) -> Tokenized:
+    """One encoded text -> tensors, its assistant mask, truncated to `max_length` tokens."""
+    input_ids = torch.from_numpy(np.array(ids, dtype=np.int64))  # [T]
+    mask = mask_from_offsets(offsets, spans)  # [T]
+    cut = 0
+    if max_length is not None and input_ids.numel() > max_length:
+        cut = input_ids.numel() - max_length
+        input_ids, mask = input_ids[:max_length], mask[:max_length]
+    return Tokenized(input_ids=input_ids, loss_mask=mask, truncated_tokens=cut)
+
+
+def tokenize_conversations(
+    tokenizer: Any, convs: Sequence[Conversation], template: str, *, max_length: int | None = None
+) -> list[Tokenized | DataFormatError]:
+    """`tokenize_conversation` for each of `convs`, with one (parallel, Rust) tokenizer call for all.
+
+    A conversation the template cannot render or mask gets its `DataFormatError` in its place
+    (the caller decides whether to raise or skip); the others are rendered, tokenized and
+    masked exactly as one at a time.
+    """
+    if not convs:
+        return []
+    require_fast(tokenizer)
+    rendered: list[tuple[str, list[tuple[int, int]]] | DataFormatError] = []
+    for conv in convs:
+        try:
+            rendered.append(
+                assistant_spans(tokenizer, to_chat_messages(conv), template, where=conv.record_id)
+            )
+        except DataFormatError as e:
+            rendered.append(e)
+    texts = [r[0] for r in rendered if not isinstance(r, DataFormatError)]
+    enc = (
+        tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        if texts
+        else {"input_ids": [], "offset_mapping": []}
+    )
+    encoded = zip(enc["input_ids"], enc["offset_mapping"], strict=True)  # one per rendered text
+    out: list[Tokenized | DataFormatError] = []
+    for r in rendered:
+        if isinstance(r, DataFormatError):
+            out.append(r)
+            continue
+        ids, offsets = next(encoded)
+        out.append(_to_tokenized(ids, offsets, r[1], max_length))
+    return out
+
+
 def tokenize_conversation(
     tokenizer: Any, conv: Conversation, template: str, *, max_length: int | None = None
 ) -> Tokenized:
     """Render `conv`, tokenize, mask assistant tokens; truncate to `max_length` tokens."""
-    require_fast(tokenizer)
-    text, spans = assistant_spans(tokenizer, to_chat_messages(conv), template, where=conv.record_id)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = torch.tensor(enc["input_ids"], dtype=torch.long)
-    mask = mask_from_offsets([tuple(o) for o in enc["offset_mapping"]], spans)
-    cut = 0
-    if max_length is not None and ids.numel() > max_length:
-        cut = ids.numel() - max_length
-        ids, mask = ids[:max_length], mask[:max_length]
-    return Tokenized(input_ids=ids, loss_mask=mask, truncated_tokens=cut)
+    (result,) = tokenize_conversations(tokenizer, [conv], template, max_length=max_length)
+    if isinstance(result, DataFormatError):
+        raise result
+    return result
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], template: str) -> list[int]:

@@ -333,13 +333,16 @@ class DecodeRun:
 
 
 def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
-    """Every prompt set's first decode_prompts with every method, then each whole set, every
-    prompt, with our decoders only."""
+    """Every prompt set's first decode_prompts, then each whole set (every prompt, our decoders
+    only), then the sets that also time the transformers baselines: those take minutes on a GPU,
+    so a run cut short by its time budget has lost only them."""
     firsts = [
         DecodeRun(name, name, preset.decode_prompts, name in preset.hf_baseline_sets)
         for name in preset.prompt_sets
     ]
-    return firsts + [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
+    wholes = [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
+    runs = [r for r in firsts if not r.with_baselines] + wholes
+    return runs + [r for r in firsts if r.with_baselines]
 
 
 def _explained(mismatches: list[Mismatch] | None) -> bool | None:

@@ -84,7 +84,7 @@ def test_sets_outside_prompt_sets_are_refused_naming_both_fields():
         get_preset("tiny", hf_baseline_sets=("humaneval-eval",))
 
 
-def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets():
+def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets_then_the_baselines():
     from eaglewire.bench.prompts import MT_BENCH_COUNT, load_prompt_set
     from eaglewire.recipes.quickstart import DecodeRun, decode_runs
 
@@ -93,12 +93,12 @@ def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets():
     assert runs == [
         DecodeRun("chitchat-eval", "chitchat-eval", gpu.decode_prompts, False),
         DecodeRun("humaneval-eval", "humaneval-eval", gpu.decode_prompts, False),
-        DecodeRun("mt-bench", "mt-bench", gpu.decode_prompts, True),
         DecodeRun("mt-bench-all", "mt-bench", None, False),  # our decoders on all 80, no baselines
+        DecodeRun("mt-bench", "mt-bench", gpu.decode_prompts, True),  # the slow baselines last
     ]
-    whole = load_prompt_set(runs[-1].prompt_set, runs[-1].num_prompts)
+    whole = load_prompt_set(runs[2].prompt_set, runs[2].num_prompts)
     assert len(whole.prompts) == MT_BENCH_COUNT
-    first = load_prompt_set(runs[2].prompt_set, runs[2].num_prompts)
+    first = load_prompt_set(runs[3].prompt_set, runs[3].num_prompts)
     assert [p.prompt_id for p in whole.prompts[: gpu.decode_prompts]] == [p.prompt_id for p in first.prompts]
     assert [r.name for r in decode_runs(PRESETS["cpu"])] == list(PRESETS["cpu"].prompt_sets)
 

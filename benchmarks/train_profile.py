@@ -140,7 +140,7 @@ def run_setting(
             print(f"{name}: skipped: {len(groups)} steps of data, need {need} (raise --conversations)")
             return None
         device = ctx.device
-        walls, tokens = [], []
+        walls, tokens, warmup_ms = [], [], 0.0
         prepared = trainer._prepare(0, 0)
         for i in range(args.warmup + args.steps):  # as the loop runs: each step prepares the next
             step = lambda p=prepared, i=i: trainer._train_step(p, (0, i + 1))  # noqa: E731
@@ -148,6 +148,8 @@ def run_setting(
             if i >= args.warmup:
                 walls.append(ms)
                 tokens.append(n)
+            else:
+                warmup_ms += ms  # the compiles happen here
         phases = [phase_step(trainer, groups[args.warmup + args.steps + i]) for i in range(args.steps)]
         prof = profile_step(trainer, args.warmup + 2 * args.steps)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
@@ -159,6 +161,7 @@ def run_setting(
         "step_ms": step_ms,
         "tokens_per_step": statistics.median(tokens),
         "tokens_per_s": sum(tokens) / (sum(walls) / 1e3),
+        "warmup_s": warmup_ms / 1e3,  # the first args.warmup steps, compiles included
         **{k: v for k, v in med.items() if k != "tokens"},
         **prof,
     }

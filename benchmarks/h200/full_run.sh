@@ -180,20 +180,32 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
 }
 
 # QS_TRAIN_COMPILE=auto: train with the draft's forward compiled only when this session's
-# train_profile step measured the compiled step at least 5% faster than the eager one (a compile
-# that fails there, or is slower, leaves training eager instead of costing the lease its draft).
+# train_profile step measured that it trains at least 5% more tokens inside the training budget
+# (--train-max-seconds in QS_ARGS, else the gpu preset's 840 s), its extra warm-up (the compiles)
+# paid from that budget. A compile that fails there, or is slower, leaves training eager instead of
+# costing the lease its draft.
 compile_gate() {
   local prof="$results/train_profile.json"
   [ "${QS_TRAIN_COMPILE:-}" = auto ] || return 0
   [ -f "$prof" ] || { say "compile gate: no $prof: training stays eager" >&2; return 0; }
-  "$PY" - "$prof" <<'PYEOF'
+  "$PY" - "$prof" "${QS_ARGS:-}" <<'PYEOF'
 import json, sys
-rows = {r["setting"]: r["tokens_per_s"] for r in json.load(open(sys.argv[1]))}
-eager = {k: v for k, v in rows.items() if not k.endswith(" compiled")}
-pairs = [(v, rows.get(k + " compiled")) for k, v in eager.items()]
-ok = bool(pairs) and all(c is not None and c >= 1.05 * e for e, c in pairs)
-print("--train-compile" if ok else "", end="")
-print(f"compile gate: {rows} -> {'compiled' if ok else 'eager'}", file=sys.stderr)
+rows = {r["setting"]: r for r in json.load(open(sys.argv[1]))}
+args = sys.argv[2].split()
+budget = float(args[args.index("--train-max-seconds") + 1]) if "--train-max-seconds" in args else 840.0
+def tokens(r, extra_s):  # tokens trained inside the budget
+    return r["tokens_per_s"] * max(0.0, budget - extra_s)
+verdicts = []
+for name, eager in rows.items():
+    if name.endswith(" compiled"):
+        continue
+    c = rows.get(name + " compiled")
+    gain = None if c is None else tokens(c, c["warmup_s"] - eager["warmup_s"]) / tokens(eager, 0.0)
+    verdicts.append(gain is not None and gain >= 1.05)
+    print(f"compile gate: {name}: eager {eager['tokens_per_s']:.0f} tok/s, compiled "
+          + ("-" if c is None else f"{c['tokens_per_s']:.0f} tok/s, {c['warmup_s'] - eager['warmup_s']:.0f} s more warm-up")
+          + f" -> {'-' if gain is None else f'{gain:.2f}x'} the tokens in {budget:.0f} s", file=sys.stderr)
+print("--train-compile" if verdicts and all(verdicts) else "", end="")
 PYEOF
 }
 

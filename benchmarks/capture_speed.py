@@ -11,10 +11,15 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
   capture_masked   `eaglewire.target.capture.capture` with the padding mask: the forward with the
                    contract's hooks, states concatenated on the device (the library before 2026-12-01)
   capture_states   the same without the mask, as `capture_records` runs it now
+  capture_copies   capture_states + each batch's states copied on a copy stream into one pinned host
+                   buffer pair allocated once (the copy alone: no allocation, no per-record split)
+  capture_copies_fresh the same into fresh pinned buffers per batch, as the library allocates them
   capture_records  `eaglewire.data.capture.capture_records` shard by shard: + copy to pinned host
                    memory on a copy stream, split per record; each shard waited for before the next
   capture_pipelined `launch_records` for shard k before waiting for shard k - 1 (capture_dataset's
                    order, nothing written)
+  write_shards     the shard writer alone: one capture's records (in host memory) written as shards
+                   (streamed + sha256) by --write-workers threads into a fresh directory under --work
   capture_dataset  `eaglewire.data.capture.capture_dataset` (what `eaglewire data capture` runs), end to end:
                    + safetensors shards, sha256, manifest, into a fresh directory under --work
 
@@ -51,6 +56,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +67,7 @@ from eaglewire.data.batching import length_batches
 from eaglewire.data.build import build_dataset, load_source
 from eaglewire.data.capture import capture_dataset, capture_records, human_bytes, launch_records
 from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.shards import shard_file_name, write_shard
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
@@ -73,7 +80,7 @@ GOAL_RATIO = 0.70  # issue 4: capture tokens/s >= 70% of pure prefill tokens/s
 CAPTURE_DEFAULTS = {
     k: v.default
     for k, v in inspect.signature(capture_dataset).parameters.items()
-    if k in ("batch_size", "max_batch_tokens", "shard_records")
+    if k in ("batch_size", "max_batch_tokens", "shard_records", "write_workers")
 }
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]  # ids [B, T], attention mask [B, T], real tokens
@@ -103,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-tokens", type=int, default=CAPTURE_DEFAULTS["max_batch_tokens"])
     p.add_argument("--shard-records", type=int, default=CAPTURE_DEFAULTS["shard_records"])
     p.add_argument("--repeats", type=int, default=5, help="timed passes of the in-memory rows (median)")
+    p.add_argument(
+        "--write-workers",
+        type=int,
+        default=CAPTURE_DEFAULTS["write_workers"],
+        help="shard-writer threads (write_shards and capture_dataset)",
+    )
     p.add_argument("--device", default="auto", help="cpu | cuda | auto")
     p.add_argument(
         "--dtype", default="auto", help="float32 | bfloat16 | auto (bfloat16 on CUDA, else float32)"
@@ -208,6 +221,48 @@ def profile_pass(fn: Callable[[], Any], device: torch.device, top: int = 20) -> 
     return out
 
 
+def write_shards_row(
+    target: LoadedTarget,
+    ds: TokenizedDataset,
+    contract: Any,
+    shards: list[range],
+    sizes: dict[str, int],
+    work_root: Path,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The shard writer alone: every shard of one capture (held in host memory) streamed to files
+    with their sha256 by --write-workers threads, into a fresh directory per repeat."""
+    with torch.no_grad():
+        captured = [capture_records(target, ds, indices, contract, **sizes) for indices in shards]
+    seconds, written = [], 0
+    for _ in range(args.repeats):
+        out = Path(tempfile.mkdtemp(prefix="write_shards_", dir=work_root))
+        try:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=args.write_workers) as pool:
+                infos = list(
+                    pool.map(
+                        lambda k, out=out: write_shard(
+                            out / shard_file_name(k), k, shards[k].start, captured[k]
+                        ),
+                        range(len(shards)),
+                    )
+                )
+            seconds.append(time.perf_counter() - t0)
+            written = sum(i.bytes for i in infos)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    r = row("write_shards", ds.num_tokens, seconds, f"the shard writer alone, {args.write_workers} threads")
+    r["write_mb_per_s"] = written / r["seconds"] / 1e6 if r["seconds"] > 0 else 0.0
+    log.info(
+        "write_shards: %.0f tok/s, %.0f MB/s (passes %s s)",
+        r["tokens_per_s"],
+        r["write_mb_per_s"],
+        [round(x, 3) for x in seconds],
+    )
+    return r
+
+
 def row(name: str, tokens: int, seconds: list[float], what: str) -> dict[str, Any]:
     s = statistics.median(seconds)
     return {
@@ -276,6 +331,36 @@ def main(argv: list[str] | None = None) -> int:
     ]
     sizes = dict(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens)
 
+    # capture_copies: one pinned buffer pair for the largest batch, reused (the copy stream runs
+    # the copies in order, so a batch's copy never overlaps the previous one into the same bytes)
+    copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    most = max(int(ids.numel()) for ids, _, _ in batches)
+    widths = (len(contract.aux_boundaries) * target.hidden_size, target.hidden_size)
+    model_dtype = next(model.parameters()).dtype
+    reused = [torch.empty(most * w, dtype=model_dtype, pin_memory=device.type == "cuda") for w in widths]
+
+    def copies(fresh: bool) -> None:
+        for ids, _, _ in batches:
+            states = capture(model, ids, aux_boundaries=contract.aux_boundaries, final=contract.final)
+            pair = (states.aux, states.final)
+            if copy_stream is None:
+                for t in pair:
+                    t.cpu()
+                continue
+            copy_stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(copy_stream):
+                for t, buf in zip(pair, reused, strict=True):
+                    host = (
+                        torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                        if fresh
+                        else buf[: t.numel()].view(t.shape)
+                    )
+                    host.copy_(t, non_blocking=True)
+            for t in pair:
+                t.record_stream(copy_stream)
+        if copy_stream is not None:
+            copy_stream.synchronize()
+
     def records_by_shard() -> None:
         for indices in shards:
             capture_records(target, ds, indices, contract, **sizes)
@@ -301,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             "forward + contract hooks with the padding mask (the old library)",
         ),
         ("capture_states", capture_states, "forward + contract hooks, no padding mask (the library now)"),
+        ("capture_copies", lambda: copies(False), "+ copy to one reused pinned buffer pair (the copy alone)"),
+        ("capture_copies_fresh", lambda: copies(True), "+ copy to fresh pinned buffers per batch (no split)"),
         (
             "capture_records",
             records_by_shard,
@@ -333,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work_root = args.work or Path(os.environ.get("SMOL") or tempfile.gettempdir())
     work_root.mkdir(parents=True, exist_ok=True)
+    rows.append(write_shards_row(target, ds, contract, shards, sizes, work_root, args))
     shard_dir = Path(tempfile.mkdtemp(prefix="capture_speed_", dir=work_root))
     try:
         t0 = time.perf_counter()
@@ -343,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             max_batch_tokens=args.max_batch_tokens,
             shard_records=args.shard_records,
+            write_workers=args.write_workers,
             source=source,
             show_progress=False,
         )

@@ -48,6 +48,11 @@ from eaglewire.train.objective import batch_step_rows
 from eaglewire.train.target_side import OnlineTarget
 
 
+def say(message: str) -> None:
+    """A progress line with the time, flushed: a run cut by its timeout shows where it was."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -140,6 +145,7 @@ def run_setting(
             print(f"{name}: skipped: {len(groups)} steps of data, need {need} (raise --conversations)")
             return None
         device = ctx.device
+        say(f"{name}: {args.warmup} warm-up + {args.steps} timed steps")
         walls, tokens, warmup_ms = [], [], 0.0
         prepared = trainer._prepare(0, 0)
         for i in range(args.warmup + args.steps):  # as the loop runs: each step prepares the next
@@ -150,7 +156,10 @@ def run_setting(
                 tokens.append(n)
             else:
                 warmup_ms += ms  # the compiles happen here
+                say(f"{name}: warm-up step {i + 1}: {ms / 1e3:.1f} s")
+        say(f"{name}: {statistics.median(walls):.1f} ms a step after {warmup_ms / 1e3:.1f} s of warm-up; phases")
         phases = [phase_step(trainer, groups[args.warmup + args.steps + i]) for i in range(args.steps)]
+        say(f"{name}: profiled step")
         prof = profile_step(trainer, args.warmup + 2 * args.steps)
     med = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
     step_ms = statistics.median(walls)
@@ -195,6 +204,7 @@ def main() -> None:
         args.ttt_steps, args.warmup, args.steps = 2, 1, 1
     else:
         target = load_target(args.target, dtype="bfloat16", device="cuda")
+    say(f"building {args.conversations} chitchat conversations")
     convs = [first_user_turns(c, 3) for c in load_builtin("chitchat", "train")[: args.conversations]]
     ds, _ = build_dataset(convs, target.tokenizer, max_length=args.max_length, show_progress=False)
     d2t = build_draft_vocab(ds, args.vd, vocab_size=target.vocab_size).draft_to_target
@@ -212,8 +222,8 @@ def main() -> None:
         row = run_setting(name, target, ds, d2t, config, args)
         if row is not None:
             rows.append(row)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+        if args.out:  # after every setting: a run cut by its timeout keeps the settings it finished
+            args.out.write_text(json.dumps(rows, indent=1))
     for r in rows:
         print(f"\n== {r['setting']}: top kernels (ms) / host ops (ms, calls)")
         for n, ms in r["top_kernels_ms"]:

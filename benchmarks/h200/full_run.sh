@@ -223,12 +223,12 @@ do_sweep() {
   [ -f "$sweep_out/sweep.json" ] && { say "sweep results exist: $sweep_out"; return 0; }
   local predict=() # the held-out eval set predicts trees as well as chains (a JSON summary: chains only)
   [ -d "$qs/data/eval" ] && predict=(--eval-data "$qs/data/eval" --eval-max-records "${SWEEP_EVAL_RECORDS:-64}")
-  # Default grid: chains of 5, 6 and 8, and top-8 trees of 32 and 64 nodes around the quickstart's
-  # 8x8x64 (run 6's fastest; a 64-token verify costs ~1.06x a 16-token one on the H200): 9 settings.
+  # Default grid: chains of 5, 6 and 8, and top-8 trees of 64 and 128 nodes around the quickstart's
+  # 8x8x128 (on the H200 a 128-node verify costs what a 64-node one does: BENCHMARKS.md 2h): 9 settings.
   timeout "${SWEEP_TIMEOUT_S:-420}" "$PY" -m eaglewire bench --target "$target" --draft "$d" \
     --prompts "${SWEEP_PROMPTS:-chitchat-eval}" --num-prompts "${SWEEP_NUM_PROMPTS:-8}" \
     --max-new-tokens "${SWEEP_MAX_NEW_TOKENS:-128}" --sweep --sweep-num-steps "${SWEEP_NUM_STEPS:-5,6,8}" \
-    --sweep-topk "${SWEEP_TOPK:-1,8}" --sweep-num-draft-tokens "${SWEEP_NUM_DRAFT_TOKENS:-32,64}" \
+    --sweep-topk "${SWEEP_TOPK:-1,8}" --sweep-num-draft-tokens "${SWEEP_NUM_DRAFT_TOKENS:-64,128}" \
     "${predict[@]}" --out "$sweep_out"
 }
 

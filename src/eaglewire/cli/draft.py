@@ -28,6 +28,9 @@ def init(
     vocab_map: Path = typer.Option(
         None, "--vocab-map", help="vocab map from `eaglewire data vocab` (safetensors)"
     ),
+    intermediate_size: int = typer.Option(
+        None, "--intermediate-size", help="the draft layer's MLP width (default: the target's)"
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the fingerprint"),
     seed: int = typer.Option(0, "--seed"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
@@ -56,7 +59,7 @@ def init(
             )
     elif draft_vocab_size is not None:
         d2t = torch.arange(draft_vocab_size)
-    draft = init_draft(loaded, contract, draft_to_target=d2t, seed=seed)
+    draft = init_draft(loaded, contract, draft_to_target=d2t, intermediate_size=intermediate_size, seed=seed)
     save_draft(draft, contract, out)
     params = sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("embed_tokens"))
     print_table(
@@ -69,6 +72,7 @@ def init(
             ],
             ["aux boundaries", ", ".join(contract.describe()[: contract.num_aux])],
             ["fc", f"{contract.aux_width} -> {draft.config.hidden_size}"],
+            ["MLP", f"{draft.config.hidden_size} -> {draft.config.intermediate_size}"],
             ["vocab", f"V={draft.config.vocab_size}, Vd={draft.config.draft_vocab_size}"],
             ["trainable params (without embeddings)", f"{params / 1e6:.2f} M"],
         ],

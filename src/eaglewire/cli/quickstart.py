@@ -101,6 +101,9 @@ def quickstart(
     draft_vocab_size: int = typer.Option(
         None, "--draft-vocab-size", help="override: Vd, the draft's vocabulary (by frequency in the answers)"
     ),
+    draft_intermediate_size: int = typer.Option(
+        None, "--draft-intermediate-size", help="override: the draft layer's MLP width (0 = the target's)"
+    ),
     epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
     regen_max_seconds: float = typer.Option(
         None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
@@ -132,6 +135,7 @@ def quickstart(
         chitchat_conversations=chitchat,
         magpie_prompts=magpie,
         draft_vocab_size=draft_vocab_size,
+        draft_intermediate_size=draft_intermediate_size,
         epochs=epochs,
         regen_max_seconds=regen_max_seconds,
         train_max_seconds=train_max_seconds,

@@ -53,6 +53,11 @@ def train_command(
     vocab_map: Path = typer.Option(
         None, "--vocab-map", help="without --draft-init: `eaglewire data vocab` output"
     ),
+    draft_intermediate_size: int = typer.Option(
+        None,
+        "--draft-intermediate-size",
+        help="without --draft-init: the draft layer's MLP width (default: the target's)",
+    ),
     ttt_steps: int = typer.Option(None, "--ttt-steps", help="unrolled steps S (default 7)"),
     epochs: int = typer.Option(None, "--epochs"),
     max_steps: int = typer.Option(None, "--max-steps", help="cap on optimizer steps (0 = epochs decide)"),
@@ -112,6 +117,7 @@ def train_command(
             resume=resume,
             aux_boundaries=parse_int_list(aux_boundaries, what="--aux-boundaries"),
             draft_to_target=d2t,
+            draft_intermediate_size=draft_intermediate_size,
             target_dtype=target_dtype,
             progress=progress,
             ctx=ctx,

@@ -82,9 +82,17 @@ class DraftConfig:
 
 
 def draft_config_for_target(
-    target_config: Any, *, num_aux: int, draft_vocab_size: int | None = None
+    target_config: Any,
+    *,
+    num_aux: int,
+    draft_vocab_size: int | None = None,
+    intermediate_size: int | None = None,
 ) -> DraftConfig:
-    """A draft shaped like one decoder layer of the target (EAGLE-3's default)."""
+    """A draft shaped like one decoder layer of the target (EAGLE-3's default); `intermediate_size`
+    widens (or narrows) its MLP, the one part of the layer SGLang and vLLM size from the draft's
+    own config."""
+    if intermediate_size is not None and intermediate_size < 1:
+        raise ConfigError(f"draft intermediate_size: expected >= 1, got {intermediate_size}")
     H = int(target_config.hidden_size)
     heads = int(target_config.num_attention_heads)
     rope = dict(
@@ -92,7 +100,7 @@ def draft_config_for_target(
     )
     return DraftConfig(
         hidden_size=H,
-        intermediate_size=int(target_config.intermediate_size),
+        intermediate_size=int(intermediate_size or target_config.intermediate_size),
         num_attention_heads=heads,
         num_key_value_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
         # MLA targets (DeepSeek) have no Llama-style head_dim; the draft layer is plain Llama attention.

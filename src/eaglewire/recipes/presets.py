@@ -68,6 +68,9 @@ class QuickstartPreset:
         "torch.compile the draft's forward in training (TrainConfig.compile)",
         default=False,  # not yet measured on a GPU (benchmarks/train_profile.py compares both)
     )
+    draft_intermediate_size: int = help_field(
+        "the draft layer's MLP width (0 = the target's, EAGLE-3's default)", default=0
+    )
 
     def __post_init__(self) -> None:
         outside = [s for s in (*self.hf_baseline_sets, *self.whole_sets) if s not in self.prompt_sets]
@@ -193,12 +196,14 @@ PRESETS: dict[str, QuickstartPreset] = {
         decode_max_new_tokens=128,
         prompt_sets=("chitchat-eval", "humaneval-eval", "mt-bench"),
         chain_steps=5,
-        # the fastest setting of the H200 sweep (BENCHMARKS.md 2f, 8 chitchat prompts): 1,196 tok/s at
-        # tau 4.34, against 3.09 for the 6x4x16 tree earlier runs used (a 64-node verify costs ~1.06x
-        # a 16-node one there)
+        # 8 steps of top-8: the fastest shape of the H200 sweep (BENCHMARKS.md 2f, 8 chitchat prompts:
+        # 8x8x64 at 1,196 tok/s and tau 4.34, against 3.09 for the 6x4x16 tree earlier runs used).
+        # 128 nodes rather than 64: the 127 best-scoring candidates include the 63 best, so tau can
+        # only rise, and on the H200 the 128-node verify costs no more (BENCHMARKS.md 2h, all 80
+        # MT-bench questions: tau 3.37 at 1,208 tok/s against 3.24 at 1,202)
         tree_num_steps=8,
         tree_topk=8,
-        tree_num_draft_tokens=64,
+        tree_num_draft_tokens=128,
         hf_baseline_sets=("mt-bench",),
         # the 80 MT-bench questions, the set the EAGLE papers and SGLang report on (~1 minute more)
         whole_sets=("mt-bench",),

@@ -191,6 +191,7 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
         eval_dir=run.path("data", "eval"),
         resume=run.path("train").exists(),
         draft_to_target=vocab.draft_to_target,
+        draft_intermediate_size=p.draft_intermediate_size or None,
         device=p.device,
         target_dtype=p.target_dtype,
     )

@@ -19,7 +19,7 @@ from eaglewire.contract.contract import Contract
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import load_draft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import ContractMismatchError, DataFormatError
+from eaglewire.errors import ConfigError, ContractMismatchError, DataFormatError
 from eaglewire.target.identity import build_contract, config_hash
 from eaglewire.target.loading import LoadedTarget, load_target, resolve_target_path
 from eaglewire.train.checkpoint import find_latest
@@ -116,12 +116,15 @@ def run_training(
     resume: bool = False,
     aux_boundaries: list[int] | None = None,
     draft_to_target: torch.Tensor | None = None,
+    draft_intermediate_size: int | None = None,
     device: str | None = None,
     target_dtype: str | None = None,
     progress: bool = True,
     ctx: DistContext | None = None,
 ) -> TrainResult:
-    """Train a draft from `data_dir` into `out_dir` (see `eaglewire train --help`)."""
+    """Train a draft from `data_dir` into `out_dir` (see `eaglewire train --help`).
+    draft_intermediate_size: the fresh draft's MLP width (None: the target's); a draft that is
+    resumed or given by `draft_init` must already have it."""
     ctx = ctx or init_distributed(device)
     dtype = target_dtype or default_target_dtype(ctx.device)
     data = open_data(data_dir)
@@ -136,6 +139,15 @@ def run_training(
         draft, contract = load_draft(latest)  # the loop restores weights and optimizer from it
     elif draft_init is not None:
         draft, contract = load_draft(draft_init)
+    if latest is not None or draft_init is not None:
+        have = draft.config.intermediate_size
+        if draft_intermediate_size is not None and draft_intermediate_size != have:
+            raise ConfigError(
+                f"draft intermediate_size {draft_intermediate_size} asked, but the "
+                f"{'checkpoint ' + str(latest) if latest is not None else '--draft-init ' + str(draft_init)} "
+                f"has {have}",
+                fix="drop the draft intermediate size, or train into a new --out without --draft-init",
+            )
     else:
         loaded = load_target(target, dtype=dtype, device=ctx.device)
         boundaries = aux_boundaries or (list(data.contract.aux_boundaries) if data.contract else None)
@@ -143,7 +155,13 @@ def run_training(
         contract = build_contract(loaded, boundaries, final_norm=norm)
         if data.contract is not None:
             check_data_contract(contract, data.contract)
-        draft = init_draft(loaded, contract, draft_to_target=draft_to_target, seed=config.seed)
+        draft = init_draft(
+            loaded,
+            contract,
+            draft_to_target=draft_to_target,
+            intermediate_size=draft_intermediate_size,
+            seed=config.seed,
+        )
     if data.kind == "offline" and loaded is not None:
         loaded = None  # offline needs only the head; free the full target
     side = make_target_side(

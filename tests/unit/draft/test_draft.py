@@ -103,3 +103,30 @@ def test_vocab_map_validation(setup):
     small = init_draft(target, contract, draft_to_target=[5, 7, 9, 11])
     assert small.config.draft_vocab_size == 4
     torch.testing.assert_close(small.lm_head.weight, target.model.lm_head.weight[[5, 7, 9, 11]])
+
+
+def test_a_wider_mlp_is_built_saved_and_exported_with_its_width(setup, tmp_path):
+    """init_draft(intermediate_size=...) sizes the draft layer's MLP; the width survives save/load
+    and reaches the engine config an export writes (SGLang and vLLM build the MLP from it)."""
+    from eaglewire.draft.config import draft_config_for_target
+    from eaglewire.export.engine_config import llama_layer_dict
+
+    target, contract, default = setup
+    wide = 3 * default.config.intermediate_size
+    draft = init_draft(target, contract, intermediate_size=wide)
+    assert draft.config.intermediate_size == wide
+    assert draft.layer.mlp.gate_proj.weight.shape == (wide, draft.config.hidden_size)
+    assert draft.layer.mlp.down_proj.weight.shape == (draft.config.hidden_size, wide)
+    save_draft(draft, contract, tmp_path)
+    loaded, _ = load_draft(tmp_path)
+    assert loaded.config.intermediate_size == wide
+    assert (
+        llama_layer_dict(loaded.config, vocab_size=target.vocab_size, dtype="bfloat16")["intermediate_size"]
+        == wide
+    )
+    with pytest.raises(
+        ConfigError, match=r"config \(intermediate_size=\d+\) and intermediate_size=8 both given"
+    ):
+        init_draft(target, contract, config=default.config, intermediate_size=8)
+    with pytest.raises(ConfigError, match="intermediate_size: expected >= 1, got 0"):
+        draft_config_for_target(target.config, num_aux=contract.num_aux, intermediate_size=0)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from eaglewire.cli import app
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import ShardDataset, ShardWriter
-from eaglewire.errors import ContractMismatchError
+from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.target.identity import build_contract, tokenizer_hash
 from eaglewire.target.loading import load_target
 from eaglewire.train.batches import record_lengths
@@ -204,3 +204,28 @@ def test_draft_for_another_wiring_is_refused(disk, tmp_path):
     assert isinstance(res.exception, ContractMismatchError)
     assert "aux_boundaries: draft=[1, 4, 5] data=[2, 4, 5]" in str(res.exception)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_wider_draft_trains_and_a_clashing_width_is_refused(disk, tmp_path):
+    """--draft-intermediate-size widens a fresh draft's MLP; asking another width of a --draft-init
+    draft names both widths before anything is trained."""
+    base = ["train", "--target", str(disk / "target"), "--data", str(disk / "tokens"), "--max-steps", "1"]
+    res = run([*base, "--out", str(tmp_path / "wide"), "--draft-intermediate-size", "96", *COMMON])
+    assert res.exit_code == 0, (res.output, res.exception)
+    cfg = json.loads((tmp_path / "wide" / "draft" / "config.json").read_text())
+    assert cfg["intermediate_size"] == 96
+    res = run(
+        [
+            *base,
+            "--out",
+            str(tmp_path / "again"),
+            "--draft-init",
+            str(tmp_path / "wide" / "draft"),
+            "--draft-intermediate-size",
+            "64",
+            *COMMON,
+        ]
+    )
+    assert isinstance(res.exception, ConfigError), (res.output, res.exception)
+    assert "draft intermediate_size 64 asked" in str(res.exception) and "has 96" in str(res.exception)
+    assert not (tmp_path / "again").exists()

@@ -157,7 +157,9 @@ def run_setting(
             else:
                 warmup_ms += ms  # the compiles happen here
                 say(f"{name}: warm-up step {i + 1}: {ms / 1e3:.1f} s")
-        say(f"{name}: {statistics.median(walls):.1f} ms a step after {warmup_ms / 1e3:.1f} s of warm-up; phases")
+        say(
+            f"{name}: {statistics.median(walls):.1f} ms a step after {warmup_ms / 1e3:.1f} s of warm-up; phases"
+        )
         phases = [phase_step(trainer, groups[args.warmup + args.steps + i]) for i in range(args.steps)]
         say(f"{name}: profiled step")
         prof = profile_step(trainer, args.warmup + 2 * args.steps)

@@ -110,7 +110,16 @@ def test_cli_overrides_reach_the_preset(tmp_path):
 
     from eaglewire.cli import app
 
-    flags = ["--chitchat", "3", "--magpie", "2", "--draft-vocab-size", "300", "--draft-intermediate-size", "96"]
+    flags = [
+        "--chitchat",
+        "3",
+        "--magpie",
+        "2",
+        "--draft-vocab-size",
+        "300",
+        "--draft-intermediate-size",
+        "96",
+    ]
     flags += ["--epochs", "1"]
     flags += ["--regen-max-seconds", "0", "--train-max-seconds", "0", "--regen-batched", "--train-eager"]
     args = [

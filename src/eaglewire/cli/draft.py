@@ -28,8 +28,8 @@ def init(
     vocab_map: Path = typer.Option(
         None, "--vocab-map", help="vocab map from `eaglewire data vocab` (safetensors)"
     ),
-    intermediate_size: int = typer.Option(
-        None, "--intermediate-size", help="the draft layer's MLP width (default: the target's)"
+    draft_intermediate_size: int = typer.Option(
+        None, "--draft-intermediate-size", help="the draft layer's MLP width (default: the target's)"
     ),
     dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the fingerprint"),
     seed: int = typer.Option(0, "--seed"),
@@ -59,7 +59,9 @@ def init(
             )
     elif draft_vocab_size is not None:
         d2t = torch.arange(draft_vocab_size)
-    draft = init_draft(loaded, contract, draft_to_target=d2t, intermediate_size=intermediate_size, seed=seed)
+    draft = init_draft(
+        loaded, contract, draft_to_target=d2t, intermediate_size=draft_intermediate_size, seed=seed
+    )
     save_draft(draft, contract, out)
     params = sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("embed_tokens"))
     print_table(

@@ -229,3 +229,7 @@ def test_a_wider_draft_trains_and_a_clashing_width_is_refused(disk, tmp_path):
     assert isinstance(res.exception, ConfigError), (res.output, res.exception)
     assert "draft intermediate_size 64 asked" in str(res.exception) and "has 96" in str(res.exception)
     assert not (tmp_path / "again").exists()
+    init = ["draft", "init", "--target", str(disk / "target"), "--out", str(tmp_path / "d")]
+    res = run([*init, "--draft-intermediate-size", "80"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["intermediate_size"] == 80

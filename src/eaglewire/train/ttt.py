@@ -146,6 +146,10 @@ class _ChainKeys:
         self.values: list[torch.Tensor] = []
         self._block_prefix: torch.Tensor | None = None  # [B*nb, 1, m, T] prefix mask per block
 
+    # Run eagerly inside a compiled draft forward: the chain grows by one key block per step, so
+    # traced, every TTT step would be its own graph (S forward and S backward compiles); left out,
+    # the layer's projections, norms and MLP around it compile once for every step.
+    @torch.compiler.disable
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -327,32 +327,19 @@ def test_compiled_draft_forward_trains_the_same_weights(
     torch._dynamo.reset()
     counters.clear()
     cfg = replace(FAST, epochs=1, max_steps=3)
-    weights = {}
-    for compiled in (False, True):
+
+    def trained(config: TrainConfig, name: str) -> dict[str, torch.Tensor]:
         draft = init_draft(tiny_target, tiny_contract, seed=0)
-        train(
-            replace(cfg, compile=compiled),
-            draft,
-            tiny_contract,
-            captured_records,
-            offline(tiny_target, tiny_contract, draft),
-            out_dir=tmp_path / f"compile-{compiled}",
-            progress=False,
-        )
-        weights[compiled] = {k: v.clone() for k, v in draft.state_dict().items()}
+        out = tmp_path / name
+        train(config, draft, tiny_contract, captured_records, offline(tiny_target, tiny_contract, draft), out_dir=out, progress=False)  # fmt: skip
+        return {k: v.clone() for k, v in draft.state_dict().items()}
+
+    weights = {
+        compiled: trained(replace(cfg, compile=compiled), f"compile-{compiled}") for compiled in (False, True)
+    }
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0  # it did compile
-    # the same graphs for a 7-step unroll: none is specific to a step
-    draft = init_draft(tiny_target, tiny_contract, seed=0)
-    train(
-        replace(cfg, compile=True, ttt_steps=7),
-        draft,
-        tiny_contract,
-        captured_records,
-        offline(tiny_target, tiny_contract, draft),
-        out_dir=tmp_path / "compile-7-steps",
-        progress=False,
-    )
+    trained(replace(cfg, compile=True, ttt_steps=7), "compile-7-steps")  # none of the graphs is a step's own
     assert counters["stats"]["unique_graphs"] == graphs, (graphs, counters["stats"]["unique_graphs"])
     for name, eager in weights[False].items():
         torch.testing.assert_close(weights[True][name], eager, rtol=1e-4, atol=1e-5, msg=name)

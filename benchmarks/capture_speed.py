@@ -13,7 +13,7 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
   capture_states   the same without the mask, as `capture_records` runs it now
   capture_copies   capture_states + each batch's states copied on a copy stream into one pinned host
                    buffer pair allocated once (the copy alone: no allocation, no per-record split)
-  capture_copies_fresh the same into fresh pinned buffers per batch, as the library allocates them
+  capture_copies_fresh the same through the library's own copy (`_to_host`: fresh pinned buffers per batch)
   capture_records  `eaglewire.data.capture.capture_records` shard by shard: + copy to pinned host
                    memory on a copy stream, split per record; each shard waited for before the next
   capture_pipelined `launch_records` for shard k before waiting for shard k - 1 (capture_dataset's
@@ -65,7 +65,7 @@ import torch
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.data.batching import length_batches
 from eaglewire.data.build import build_dataset, load_source
-from eaglewire.data.capture import capture_dataset, capture_records, human_bytes, launch_records
+from eaglewire.data.capture import _to_host, capture_dataset, capture_records, human_bytes, launch_records
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import shard_file_name, write_shard
 from eaglewire.nn.attention import varying_shape_attention
@@ -342,22 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     def copies(fresh: bool) -> None:
         for ids, _, _ in batches:
             states = capture(model, ids, aux_boundaries=contract.aux_boundaries, final=contract.final)
-            pair = (states.aux, states.final)
-            if copy_stream is None:
-                for t in pair:
-                    t.cpu()
+            if fresh or copy_stream is None:  # the library's own copy (on the CPU: none)
+                _to_host(states.aux, states.final, copy_stream)
                 continue
             copy_stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(copy_stream):
-                for t, buf in zip(pair, reused, strict=True):
-                    host = (
-                        torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                        if fresh
-                        else buf[: t.numel()].view(t.shape)
-                    )
-                    host.copy_(t, non_blocking=True)
-            for t in pair:
-                t.record_stream(copy_stream)
+                for t, buf in zip((states.aux, states.final), reused, strict=True):
+                    buf[: t.numel()].view(t.shape).copy_(t, non_blocking=True)
+                    t.record_stream(copy_stream)
         if copy_stream is not None:
             copy_stream.synchronize()
 

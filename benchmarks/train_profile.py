@@ -133,7 +133,8 @@ def run_setting(
 ) -> dict[str, Any] | None:
     ctx = init_distributed(str(target.device))
     contract = build_contract(target, None, final_norm="pre")
-    draft = init_draft(target, contract, draft_to_target=d2t, seed=0)
+    width = args.draft_intermediate_size or None  # 0: the target's MLP width
+    draft = init_draft(target, contract, draft_to_target=d2t, seed=0, intermediate_size=width)
     side = OnlineTarget(target, contract, draft.get_buffer("draft_to_target"))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
@@ -169,6 +170,7 @@ def run_setting(
         "setting": name,
         "batch_size": config.batch_size,
         "ttt_steps": config.ttt_steps,
+        "draft_intermediate_size": draft.config.intermediate_size,
         "step_ms": step_ms,
         "tokens_per_step": statistics.median(tokens),
         "tokens_per_s": sum(tokens) / (sum(walls) / 1e3),
@@ -193,6 +195,12 @@ def main() -> None:
         help="TrainConfig.compile settings to compare, e.g. off,on",
     )
     ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument(
+        "--draft-intermediate-size",
+        type=int,
+        default=0,
+        help="the draft MLP's width (0: the target's), as quickstart --draft-intermediate-size",
+    )
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", type=Path, default=None)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole H200 session after the GGUF halves arrived, meant to run in the background:
 #
+#   here, first:                 PYTHONPATH=src .venv/bin/python benchmarks/h200/split_gguf.py (the halves
+#                                that fit both calls with the tree as it is now)
 #   call 1, carry .gguf_a .whl:  bash benchmarks/h200/gguf_part1.sh
 #   call 2, carry .gguf_b:       launch in the background, wait until it has copied what it needs, show the log:
 #     mkdir -p ~/smol && rm -f ~/smol/full_run.copied && (setsid nohup bash benchmarks/h200/full_run.sh \

@@ -191,8 +191,9 @@ def main() -> None:
     ap.add_argument(
         "--compile",
         type=lambda s: [x.strip() == "on" for x in s.split(",")],
-        default=[False, True],
-        help="TrainConfig.compile settings to compare, e.g. off,on",
+        default=None,
+        help="TrainConfig.compile settings to compare, e.g. off,on (default off,on; --tiny: off, as "
+        "inductor on a CPU needs a C++ toolchain: pass it to check the compiled path there)",
     )
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument(
@@ -210,10 +211,11 @@ def main() -> None:
 
         target = make_tiny_target("llama")
         args.conversations, args.vd, args.max_length, args.batch_sizes = 60, 64, 96, [2]
-        args.compile = [False]  # inductor on CPU needs a C++ toolchain
+        args.compile = args.compile or [False]
         args.ttt_steps, args.warmup, args.steps = 2, 1, 1
     else:
         target = load_target(args.target, dtype="bfloat16", device="cuda")
+    args.compile = args.compile or [False, True]
     say(f"building {args.conversations} chitchat conversations")
     convs = [first_user_turns(c, 3) for c in load_builtin("chitchat", "train")[: args.conversations]]
     ds, _ = build_dataset(convs, target.tokenizer, max_length=args.max_length, show_progress=False)

@@ -14,9 +14,12 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
   capture_copies   capture_states + each batch's states copied on a copy stream into one pinned host
                    buffer pair allocated once (the copy alone: no allocation, no per-record split)
   capture_copies_fresh the same through the library's own copy (`_to_host`: fresh pinned buffers per batch)
-  capture_records  `eaglewire.data.capture.capture_records` shard by shard: + copy to pinned host
-                   memory on a copy stream, split per record; each shard waited for before the next
-  capture_pipelined `launch_records` for shard k before waiting for shard k - 1 (capture_dataset's
+  capture_records_by_shard `eaglewire.data.capture.capture_records` shard by shard, each shard's
+                   records batched alone: + copy to pinned host memory on a copy stream, split per
+                   record; each shard waited for before the next (the library until session 10)
+  capture_records  the same a window at a time: consecutive shards of about WINDOW_BATCHES full
+                   batches' tokens batched together, as capture_dataset does (data/batching.py)
+  capture_pipelined `launch_records` for window w before waiting for window w - 1 (capture_dataset's
                    order, nothing written)
   write_shards     the shard writer alone: one capture's records (in host memory) written as shards
                    (streamed + sha256) by --write-workers threads into a fresh directory under --work
@@ -26,7 +29,7 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
 The in-memory rows run interleaved (every row once per repeat, in turn) after one untimed warm-up
 pass each, so a drifting GPU clock touches all rows alike; median of --repeats. The warm-up lets
 the masked prefill build its cuDNN plans for these shapes, which a real capture (every batch a new
-shape) would not: the baseline is generous. A torch.profiler pass over capture_records adds its
+shape) would not: the baseline is generous. A torch.profiler pass over capture_records (by window) adds its
 top host and device operations to the JSON (`profile`).
 
 tokens/s counts real (unpadded) tokens in every row; padding costs the same in all of them. The
@@ -63,7 +66,7 @@ from typing import Any
 import torch
 
 from eaglewire.bench.report import describe_device, now_iso
-from eaglewire.data.batching import length_batches
+from eaglewire.data.batching import WINDOW_BATCHES, capture_windows, length_batches
 from eaglewire.data.build import build_dataset, load_source
 from eaglewire.data.capture import _to_host, capture_dataset, capture_records, human_bytes, launch_records
 from eaglewire.data.records import TokenizedDataset
@@ -369,14 +372,27 @@ def main(argv: list[str] | None = None) -> int:
         if copy_stream is not None:
             copy_stream.synchronize()
 
+    # capture_dataset's windows: consecutive shards captured together (data/batching.py)
+    lengths = ds.lengths()
+    windows = [
+        [i for k in window for i in shards[k]]
+        for window in capture_windows(
+            [int(lengths[r.start : r.stop].sum()) for r in shards], WINDOW_BATCHES * args.max_batch_tokens
+        )
+    ]
+
     def records_by_shard() -> None:
         for indices in shards:
+            capture_records(target, ds, indices, contract, **sizes)
+
+    def records_by_window() -> None:
+        for indices in windows:
             capture_records(target, ds, indices, contract, **sizes)
 
     def records_pipelined() -> None:
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         previous = None
-        for indices in shards:
+        for indices in windows:
             launched = launch_records(target, ds, indices, contract, copy_stream=stream, **sizes)
             if previous is not None:
                 previous.records()
@@ -397,14 +413,19 @@ def main(argv: list[str] | None = None) -> int:
         ("capture_copies", lambda: copies(False), "+ copy to one reused pinned buffer pair (the copy alone)"),
         ("capture_copies_fresh", lambda: copies(True), "+ copy to fresh pinned buffers per batch (no split)"),
         (
-            "capture_records",
+            "capture_records_by_shard",
             records_by_shard,
-            "+ copy to host, split per record, shard by shard (not written)",
+            "+ copy to host, split per record, each shard batched alone (the library before session 10)",
+        ),
+        (
+            "capture_records",
+            records_by_window,
+            "+ copy to host, split per record, a window of shards at a time (not written)",
         ),
         (
             "capture_pipelined",
             records_pipelined,
-            "+ copy to host, next shard launched before waiting (not written)",
+            "+ copy to host, next window launched before waiting (capture_dataset's order, not written)",
         ),
     ]
     if args.skip_masked:
@@ -418,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, fn, _ in variants:
                 seconds[name].append(timed(fn, device))
             log.info("repeat %d/%d done", k + 1, args.repeats)
-        profile = profile_pass(records_by_shard, device)
+        profile = profile_pass(records_by_window, device)
     rows: list[dict[str, Any]] = [row(name, tokens, seconds[name], what) for name, _, what in variants]
     for r in rows:
         log.info(

@@ -105,6 +105,8 @@ def quickstart(
         None, "--draft-intermediate-size", help="override: the draft layer's MLP width (0 = the target's)"
     ),
     epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
+    batch_size: int = typer.Option(None, "--batch-size", help="override: training rows per optimizer step"),
+    learning_rate: float = typer.Option(None, "--learning-rate", help="override: peak training learning rate"),
     regen_max_seconds: float = typer.Option(
         None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
     ),
@@ -137,6 +139,8 @@ def quickstart(
         draft_vocab_size=draft_vocab_size,
         draft_intermediate_size=draft_intermediate_size,
         epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
         regen_max_seconds=regen_max_seconds,
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,

@@ -27,3 +27,27 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: in
     if cur:
         out.append(cur)
     return out
+
+
+# capture_dataset captures consecutive shards together, a window at a time, about this many full
+# batches' tokens each. Batched alone, 64-record shards of chitchat made 20 forwards and 448k padded
+# tokens where the same 300k tokens batched together make 12 and 336k (BENCHMARKS.md section 3); a
+# single window for everything would leave no shard writes to overlap the forwards.
+WINDOW_BATCHES = 8
+
+
+def capture_windows(shard_tokens: Sequence[int], window_tokens: int) -> list[list[int]]:
+    """Group shards (positions in `shard_tokens`, each shard's token count) into consecutive windows
+    of whole shards, each closed as soon as it holds at least `window_tokens` tokens."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    held = 0
+    for k, tokens in enumerate(shard_tokens):
+        cur.append(k)
+        held += tokens
+        if held >= window_tokens:
+            out.append(cur)
+            cur, held = [], 0
+    if cur:
+        out.append(cur)
+    return out

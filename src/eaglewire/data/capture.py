@@ -20,7 +20,13 @@ from tqdm import tqdm
 
 from eaglewire.contract.contract import Contract
 from eaglewire.contract.fingerprint import NormSide
-from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, length_batches
+from eaglewire.data.batching import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_BATCH_TOKENS,
+    WINDOW_BATCHES,
+    capture_windows,
+    length_batches,
+)
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import MANIFEST_FILE, ShardInfo, ShardWriter, load_manifest
 from eaglewire.data.types import CapturedRecord, TokenizedRecord
@@ -201,15 +207,21 @@ def capture_dataset(
     source: str = "",
     show_progress: bool = True,
     write_workers: int = 8,
+    window_tokens: int | None = None,
 ) -> CaptureStats:
     """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
 
-    The target runs on the calling thread while up to `write_workers` threads stream earlier shards
-    to disk and sha256 (at most write_workers + 2 shards' records are held in memory: those being
-    written, the one being copied to the host, the one being captured; writing adds no copy of
-    them), so disk and sha256 time overlap the target's forwards instead of adding to them."""
+    Consecutive shards are captured together, a window of at least `window_tokens` tokens at a time
+    (default WINDOW_BATCHES full batches: batching.py says why), and each window's shards go to the writers as soon as its copies
+    have arrived. The target runs on the calling thread while up to `write_workers` threads stream
+    earlier shards to disk and sha256 (held in memory: the shards being written, at most
+    write_workers once a window has been handed over, plus the window being copied to the host and
+    the one being captured; writing adds no copy of them), so disk and sha256 time overlap the
+    target's forwards instead of adding to them."""
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
+    if window_tokens is not None and window_tokens < 1:
+        raise ConfigError(f"window_tokens must be >= 1 (or None for the default), got {window_tokens}")
     want = dataset.meta.get("tokenizer_hash")
     if want and target.tokenizer is not None and tokenizer_hash(target.tokenizer) != want:
         raise ContractMismatchError(
@@ -257,29 +269,44 @@ def capture_dataset(
         bar.set_postfix_str(f"{stats.tokens / (time.perf_counter() - start):.0f} tok/s")
         log.debug("shard %d: %d records, %d tokens written", info.index, info.records, info.tokens)
 
+    todo = []  # shards still to capture: (index, first record, end record)
+    for k in range(num_shards):
+        lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
+        if writer.done(k):
+            stats.shards_resumed += 1
+            bar.update(int(lengths[lo:hi].sum()))
+        else:
+            todo.append((k, lo, hi))
+    windows = [
+        [todo[j] for j in window]
+        for window in capture_windows(
+            [int(lengths[lo:hi].sum()) for _, lo, hi in todo],
+            WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens,
+        )
+    ]
+
     copy_stream = torch.cuda.Stream(target.device) if target.device.type == "cuda" else None
     pending: deque[Future[ShardInfo]] = deque()
     with ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool:
 
-        def write(k: int, lo: int, launched: LaunchedRecords) -> None:
-            pending.append(pool.submit(writer.write, k, lo, launched.records()))
+        def write(shards: list[tuple[int, int, int]], launched: LaunchedRecords) -> None:
+            records = launched.records()  # the window's records, shard after shard
+            for k, lo, hi in shards:
+                pending.append(pool.submit(writer.write, k, lo, records[: hi - lo]))
+                records = records[hi - lo :]
             while len(pending) > write_workers:  # bound the shards held in memory
                 account(pending.popleft().result())
 
-        # Shard k's forwards are queued before shard k - 1's copies are waited for, so the GPU
-        # never drains between shards while the host cuts records and hands them to a writer.
-        in_flight: tuple[int, int, LaunchedRecords] | None = None
-        for k in range(num_shards):
-            lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
-            if writer.done(k):
-                stats.shards_resumed += 1
-                bar.update(int(lengths[lo:hi].sum()))
-                continue
+        # Window w's forwards are queued before window w - 1's copies are waited for, so the GPU
+        # never drains between windows while the host cuts records and hands shards to the writers.
+        in_flight: tuple[list[tuple[int, int, int]], LaunchedRecords] | None = None
+        for shards in windows:
+            indices = [i for _, lo, hi in shards for i in range(lo, hi)]
             try:
                 launched = launch_records(
                     target,
                     dataset,
-                    range(lo, hi),
+                    indices,
                     contract,
                     batch_size=batch_size,
                     max_batch_tokens=max_batch_tokens,
@@ -294,12 +321,14 @@ def capture_dataset(
                         OSError,
                     ) as err:  # a sticky CUDA error, a full disk: the first error is the news
                         log.warning(
-                            "capture: shard %d (captured) could not be written: %s", in_flight[0], err
+                            "capture: shards %s (captured) could not be written: %s",
+                            [k for k, _, _ in in_flight[0]],
+                            err,
                         )
                 raise
             if in_flight is not None:
                 write(*in_flight)
-            in_flight = (k, lo, launched)
+            in_flight = (shards, launched)
         if in_flight is not None:
             write(*in_flight)
         while pending:

@@ -1,8 +1,9 @@
-"""length_batches: longest first, bounded by rows and by padded tokens, every index once."""
+"""length_batches: longest first, bounded by rows and by padded tokens, every index once.
+capture_windows: consecutive whole shards, each window closed once it holds enough tokens."""
 
 from __future__ import annotations
 
-from eaglewire.data.batching import length_batches
+from eaglewire.data.batching import capture_windows, length_batches
 
 
 def test_groups_longest_first_within_both_caps() -> None:
@@ -23,3 +24,10 @@ def test_a_record_longer_than_the_token_cap_goes_alone() -> None:
 def test_the_row_cap_binds_for_short_records() -> None:
     groups = length_batches([4] * 10, batch_size=4, max_batch_tokens=10_000)
     assert [len(g) for g in groups] == [4, 4, 2]
+
+
+def test_windows_are_consecutive_whole_shards_closed_at_the_token_floor() -> None:
+    assert capture_windows([30, 30, 50, 10, 10, 5], window_tokens=60) == [[0, 1], [2, 3], [4, 5]]
+    assert capture_windows([100, 1], window_tokens=60) == [[0], [1]]  # a big shard is a window alone
+    assert capture_windows([5, 5], window_tokens=1) == [[0], [1]]
+    assert capture_windows([], window_tokens=60) == []

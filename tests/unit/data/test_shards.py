@@ -152,8 +152,9 @@ def test_capture_refuses_other_tokenizer(tmp_path: Path, target, dataset: Tokeni
 def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """A batch that runs out of memory stops the capture with the flag to lower; the shard captured
-    before it (still in flight) is written, and the rerun resumes after it."""
+    """A batch that runs out of memory stops the capture with the flag to lower; the window captured
+    before it (still in flight) is written, and the rerun resumes after it. window_tokens=1: each
+    shard is its own window."""
     import eaglewire.data.capture as capture_module
 
     real, calls = capture_module.capture, []
@@ -169,9 +170,42 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     with pytest.raises(
         ConfigError, match=r"(?s)3 records x \d+ tokens.*ran out of memory.*--max-batch-tokens"
     ):
-        capture_dataset(target, dataset, out, shard_records=4, batch_size=4, show_progress=False)
+        capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
     assert [s["index"] for s in json.loads((out / MANIFEST_FILE).read_text())["shards"]] == [0, 1]
     monkeypatch.setattr(capture_module, "capture", real)
     stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, show_progress=False)
     assert stats.shards_resumed == 2 and stats.shards_written == 1
     assert len(ShardDataset(out, verify="eager")) == len(dataset)
+
+
+def test_windows_of_several_shards_write_the_same_shards(
+    tmp_path: Path, target, dataset: TokenizedDataset
+) -> None:  # type: ignore[no-untyped-def]
+    """Shards captured a window of several at a time (batches mixing their records) hold the same
+    records, in the same shards, with the same states as shards captured one at a time; a resumed
+    window captures only its missing shards."""
+    one, many = tmp_path / "one", tmp_path / "many"
+    capture_dataset(target, dataset, one, shard_records=3, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+    capture_dataset(target, dataset, many, shard_records=3, batch_size=4, show_progress=False)  # one window
+    manifests = [json.loads((d / MANIFEST_FILE).read_text())["shards"] for d in (one, many)]
+    assert [(s["index"], s["first_record"], s["records"], s["tokens"]) for s in manifests[0]] == [
+        (s["index"], s["first_record"], s["records"], s["tokens"]) for s in manifests[1]
+    ]
+    a, b = ShardDataset(one, verify="eager"), ShardDataset(many, verify="eager")
+    assert a.record_ids() == b.record_ids() == list(dataset.record_ids)
+    for i in range(len(dataset)):
+        torch.testing.assert_close(b[i].aux, a[i].aux)
+        torch.testing.assert_close(b[i].final, a[i].final)
+        assert torch.equal(b[i].input_ids, a[i].input_ids) and torch.equal(b[i].loss_mask, a[i].loss_mask)
+    # drop shard 2 of the window-captured run: the rerun captures it alone and nothing else
+    manifest = json.loads((many / MANIFEST_FILE).read_text())
+    manifest["shards"] = [s for s in manifest["shards"] if s["index"] != 2]
+    manifest["complete"] = False
+    (many / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (many / shard_file_name(2)).unlink()
+    stats = capture_dataset(target, dataset, many, shard_records=3, batch_size=4, show_progress=False)
+    assert stats.shards_written == 1 and stats.shards_resumed == len(manifests[0]) - 1
+    assert stats.records == 3
+    c = ShardDataset(many, verify="eager")
+    for i in range(len(dataset)):
+        torch.testing.assert_close(c[i].aux, a[i].aux)

@@ -120,7 +120,7 @@ def test_cli_overrides_reach_the_preset(tmp_path):
         "--draft-intermediate-size",
         "96",
     ]
-    flags += ["--epochs", "1"]
+    flags += ["--epochs", "1", "--batch-size", "2", "--learning-rate", "1e-3"]
     flags += ["--regen-max-seconds", "0", "--train-max-seconds", "0", "--regen-batched", "--train-eager"]
     args = [
         "quickstart",

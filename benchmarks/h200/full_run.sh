@@ -183,7 +183,8 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
 
 # QS_TRAIN_COMPILE=auto: train with the draft's forward compiled only when this session's
 # train_profile step measured that it trains at least 5% more tokens inside the training budget
-# (--train-max-seconds in QS_ARGS, else the gpu preset's 840 s), its extra warm-up (the compiles)
+# (--train-max-seconds in QS_ARGS, else the gpu preset's), at the quickstart's batch size
+# (--batch-size in QS_ARGS, else the preset's), its extra warm-up (the compiles)
 # paid from that budget. A compile that fails there, or is slower, leaves training eager instead of
 # costing the lease its draft.
 compile_gate() {
@@ -192,9 +193,14 @@ compile_gate() {
   [ -f "$prof" ] || { say "compile gate: no $prof: training stays eager" >&2; return 0; }
   "$PY" - "$prof" "${QS_ARGS:-}" <<'PYEOF'
 import json, sys
-rows = {r["setting"]: r for r in json.load(open(sys.argv[1]))}
+from eaglewire.recipes.presets import PRESETS
 args = sys.argv[2].split()
-budget = float(args[args.index("--train-max-seconds") + 1]) if "--train-max-seconds" in args else 840.0
+def flag(name, default):
+    return type(default)(args[args.index(name) + 1]) if name in args else default
+gpu = PRESETS["gpu"]
+budget = flag("--train-max-seconds", gpu.train_max_seconds)
+batch = flag("--batch-size", gpu.batch_size)  # only the profile rows of the batch the quickstart trains
+rows = {r["setting"]: r for r in json.load(open(sys.argv[1])) if r["batch_size"] == batch}
 def tokens(r, extra_s):  # tokens trained inside the budget
     return r["tokens_per_s"] * max(0.0, budget - extra_s)
 verdicts = []

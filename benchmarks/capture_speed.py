@@ -23,6 +23,8 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
                    order, nothing written)
   write_shards     the shard writer alone: one capture's records (in host memory) written as shards
                    (streamed + sha256) by --write-workers threads into a fresh directory under --work
+  write_raw        the same records' states written to files with no header and no sha256 (the disk)
+  sha256_only      their sha256 with no file (the hash); both by --write-workers threads
   capture_dataset  `eaglewire.data.capture.capture_dataset` (what `eaglewire data capture` runs), end to end:
                    + safetensors shards, sha256, manifest, into a fresh directory under --work
 
@@ -48,6 +50,7 @@ template (--records conversations, --max-length tokens each). Either way at most
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import logging
@@ -70,6 +73,7 @@ from eaglewire.data.batching import WINDOW_BATCHES, capture_windows, length_batc
 from eaglewire.data.build import build_dataset, load_source
 from eaglewire.data.capture import _to_host, capture_dataset, capture_records, human_bytes, launch_records
 from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.safetensors_stream import _byte_view
 from eaglewire.data.shards import shard_file_name, write_shard
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.capture import capture
@@ -240,7 +244,28 @@ def profile_pass(fn: Callable[[], Any], device: torch.device, top: int = 20) -> 
     return out
 
 
-def write_shards_row(
+def _raw_write(path: Path, records: list[Any]) -> int:
+    """The records' aux and final bytes into one file, no header and no sha256 (the disk alone)."""
+    n = 0
+    with open(path, "wb") as f:
+        for r in records:
+            for t in (r.aux, r.final):
+                n += f.write(_byte_view(t))
+    return n
+
+
+def _hash_only(records: list[Any]) -> int:
+    """sha256 over the records' aux and final bytes in memory (the hash alone)."""
+    digest, n = hashlib.sha256(), 0
+    for r in records:
+        for t in (r.aux, r.final):
+            view = _byte_view(t)
+            digest.update(view)
+            n += len(view)
+    return n
+
+
+def writer_rows(
     target: LoadedTarget,
     ds: TokenizedDataset,
     contract: Any,
@@ -248,38 +273,36 @@ def write_shards_row(
     sizes: dict[str, int],
     work_root: Path,
     args: argparse.Namespace,
-) -> dict[str, Any]:
-    """The shard writer alone: every shard of one capture (held in host memory) streamed to files
-    with their sha256 by --write-workers threads, into a fresh directory per repeat."""
+) -> list[dict[str, Any]]:
+    """The shard writer alone and its two halves, on one capture's shards held in host memory, each
+    by --write-workers threads, a shard per task: write_shards (`write_shard`: safetensors streamed
+    with sha256, into a fresh directory per repeat), write_raw (the same bytes to files, no hash),
+    sha256_only (the hash, no file). MB/s shows whether the disk or the hash bounds the writer."""
     with torch.no_grad():
         captured = [capture_records(target, ds, indices, contract, **sizes) for indices in shards]
-    seconds, written = [], 0
-    for _ in range(args.repeats):
-        out = Path(tempfile.mkdtemp(prefix="write_shards_", dir=work_root))
-        try:
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=args.write_workers) as pool:
-                infos = list(
-                    pool.map(
-                        lambda k, out=out: write_shard(
-                            out / shard_file_name(k), k, shards[k].start, captured[k]
-                        ),
-                        range(len(shards)),
-                    )
-                )
-            seconds.append(time.perf_counter() - t0)
-            written = sum(i.bytes for i in infos)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
-    r = row("write_shards", ds.num_tokens, seconds, f"the shard writer alone, {args.write_workers} threads")
-    r["write_mb_per_s"] = written / r["seconds"] / 1e6 if r["seconds"] > 0 else 0.0
-    log.info(
-        "write_shards: %.0f tok/s, %.0f MB/s (passes %s s)",
-        r["tokens_per_s"],
-        r["write_mb_per_s"],
-        [round(x, 3) for x in seconds],
-    )
-    return r
+
+    tasks: list[tuple[str, Callable[[Path, int], int], str]] = [
+        ("write_shards", lambda out, k: write_shard(out / shard_file_name(k), k, shards[k].start, captured[k]).bytes, "the shard writer alone"),
+        ("write_raw", lambda out, k: _raw_write(out / f"raw_{k}.bin", captured[k]), "the states' bytes to files, no sha256"),
+        ("sha256_only", lambda out, k: _hash_only(captured[k]), "sha256 of the states' bytes, no file"),
+    ]  # fmt: skip
+    rows = []
+    for name, task, what in tasks:
+        seconds, nbytes = [], 0
+        for _ in range(args.repeats):
+            out = Path(tempfile.mkdtemp(prefix=f"{name}_", dir=work_root))
+            try:
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=args.write_workers) as pool:
+                    nbytes = sum(pool.map(lambda k, out=out, task=task: task(out, k), range(len(shards))))
+                seconds.append(time.perf_counter() - t0)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+        r = row(name, ds.num_tokens, seconds, f"{what}, {args.write_workers} threads")
+        r["write_mb_per_s"] = nbytes / r["seconds"] / 1e6 if r["seconds"] > 0 else 0.0
+        log.info("%s: %.0f MB/s (passes %s s)", name, r["write_mb_per_s"], [round(x, 3) for x in seconds])
+        rows.append(r)
+    return rows
 
 
 def row(name: str, tokens: int, seconds: list[float], what: str) -> dict[str, Any]:
@@ -451,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work_root = args.work or Path(os.environ.get("SMOL") or tempfile.gettempdir())
     work_root.mkdir(parents=True, exist_ok=True)
-    rows.append(write_shards_row(target, ds, contract, shards, sizes, work_root, args))
+    rows.extend(writer_rows(target, ds, contract, shards, sizes, work_root, args))
     runs: list[tuple[Any, float]] = []  # (CaptureStats, wall seconds) per run
     for _ in range(max(1, args.dataset_repeats)):
         shard_dir = Path(tempfile.mkdtemp(prefix="capture_speed_", dir=work_root))

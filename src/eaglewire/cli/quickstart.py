@@ -106,7 +106,9 @@ def quickstart(
     ),
     epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
     batch_size: int = typer.Option(None, "--batch-size", help="override: training rows per optimizer step"),
-    learning_rate: float = typer.Option(None, "--learning-rate", help="override: peak training learning rate"),
+    learning_rate: float = typer.Option(
+        None, "--learning-rate", help="override: peak training learning rate"
+    ),
     regen_max_seconds: float = typer.Option(
         None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
     ),

@@ -139,9 +139,19 @@ do_capture() {
   if [ "$TINY" = 1 ]; then
     timeout "${CAPTURE_TIMEOUT_S:-300}" "$PY" benchmarks/capture_speed.py --tiny --work "$SMOL/work" --out "$out"
   else
+    # The shards go to $SMOL/work (the disk); when /dev/shm (RAM) has room for them, the writer rows
+    # and capture_dataset also run there, to separate the disk from the capture (--second-work).
+    local second=() shm=/dev/shm/eaglewire_capture
+    df -h "$SMOL" /dev/shm 2>&1 | sed 's/^/  df: /'
+    if [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')" -ge 16 ] 2>/dev/null; then
+      second=(--second-work "$shm")
+    fi
     # shellcheck disable=SC2086 # CAPTURE_ARGS: extra flags, word-split on purpose
     timeout "${CAPTURE_TIMEOUT_S:-200}" "$PY" benchmarks/capture_speed.py --target smollm2 --records 1500 \
-      --max-tokens "${CAPTURE_MAX_TOKENS:-1000000}" --work "$SMOL/work" --out "$out" ${CAPTURE_ARGS:-}
+      --max-tokens "${CAPTURE_MAX_TOKENS:-1000000}" --work "$SMOL/work" --out "$out" "${second[@]}" ${CAPTURE_ARGS:-}
+    local rc=$?
+    rm -rf "$shm"
+    return $rc
   fi
 }
 

@@ -53,6 +53,12 @@ def regenerate_cmd(
         None, "--max-prompt-tokens", help="stop a conversation when its prompt is longer"
     ),
     magpie_prompts: int = typer.Option(1000, "--magpie-prompts", help="prompts to sample for builtin:magpie"),
+    magpie_opened_fraction: float = typer.Option(
+        0.0,
+        "--magpie-opened-fraction",
+        help="share of builtin:magpie prompts started with an instruction opening ('Write', 'Solve', "
+        "'Act as', ...; eaglewire.data.magpie.MAGPIE_OPENINGS): more kinds of request than the target asks alone",
+    ),
     chat_template: str = typer.Option(
         None, "--chat-template", help="Jinja file (or text) replacing the tokenizer's"
     ),
@@ -96,6 +102,7 @@ def regenerate_cmd(
             sampling=magpie_sampling,
             chat_template=chat_template,
             show_progress=progress,
+            opened_fraction=magpie_opened_fraction,
         )
         convs, read_stats = select_split(prompts, parse_split(split))[:limit], ReadStats(records=len(prompts))
     else:

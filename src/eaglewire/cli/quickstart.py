@@ -98,6 +98,11 @@ def quickstart(
     magpie: int = typer.Option(
         None, "--magpie", help="override: prompts sampled from the target itself (Magpie) for training"
     ),
+    magpie_opened_fraction: float = typer.Option(
+        None,
+        "--magpie-opened-fraction",
+        help="override: share of the Magpie prompts started with an instruction opening ('Write', 'Solve', ...)",
+    ),
     draft_vocab_size: int = typer.Option(
         None, "--draft-vocab-size", help="override: Vd, the draft's vocabulary (by frequency in the answers)"
     ),
@@ -138,6 +143,7 @@ def quickstart(
         name,
         chitchat_conversations=chitchat,
         magpie_prompts=magpie,
+        magpie_opened_fraction=magpie_opened_fraction,
         draft_vocab_size=draft_vocab_size,
         draft_intermediate_size=draft_intermediate_size,
         epochs=epochs,

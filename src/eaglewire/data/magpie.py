@@ -5,6 +5,12 @@ any default system prompt the template adds) and samples what a user would say; 
 its end-of-turn token. Prompts are deduplicated (case and whitespace folded) and get the id
 `magpie:<sha256(text)[:16]>`, so the held-out split (see builtin.py) is fixed by the text.
 Sampling is seeded per round, so the same target and settings give the same prompts.
+
+`opened_fraction` > 0 starts that share of each round's rows with an instruction opening
+(`MAGPIE_OPENINGS`, cycled): the target then completes a request of that kind, and the prompt is
+the opening plus the completion. A small target left alone mostly asks for help ("Can you ...",
+"I'm ..."); openings add the imperative requests of other kinds (write, rewrite, solve, extract,
+play a role) that chat benchmarks ask.
 """
 
 from __future__ import annotations
@@ -31,6 +37,45 @@ MIN_PROMPT_CHARS = 8
 # Give up after this many rounds per batch of prompts still needed (duplicates run out eventually).
 ROUNDS_PER_BATCH = 4
 
+# Generic first words of requests, one kind after another: writing, rewriting, explaining,
+# reasoning and math, code, extraction and classification, roles, comparison and opinion. Written
+# here from those kinds, not taken from any evaluation set.
+MAGPIE_OPENINGS: tuple[str, ...] = (
+    "Write",
+    "Rewrite",
+    "Explain",
+    "Solve",
+    "Implement",
+    "Extract",
+    "Imagine you are",
+    "Compare",
+    "Compose",
+    "Summarize",
+    "Describe",
+    "Calculate",
+    "Write a Python function",
+    "Identify",
+    "Pretend to be",
+    "Discuss",
+    "Draft",
+    "Edit",
+    "Why",
+    "Suppose",
+    "Debug",
+    "Classify",
+    "Act as",
+    "Evaluate",
+)
+
+
+def openings_for_round(batch_size: int, fraction: float, rnd: int, openings: tuple[str, ...]) -> list[str]:
+    """Per row of round `rnd`: its opening ("" for an unopened row). The first round(fraction *
+    batch_size) rows are opened, cycling through `openings` across rounds."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"magpie opened_fraction: expected 0..1, got {fraction}")
+    opened = round(fraction * batch_size) if openings else 0
+    return [openings[(rnd * opened + j) % len(openings)] if j < opened else "" for j in range(batch_size)]
+
 
 def dedup_key(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip().lower())
@@ -49,11 +94,14 @@ def generate_magpie_prompts(
     keep_truncated: bool = False,
     show_progress: bool = True,
     generate_fn: GenerateFn | None = None,
+    opened_fraction: float = 0.0,
+    openings: tuple[str, ...] = MAGPIE_OPENINGS,
 ) -> list[Conversation]:
     """Up to `num_prompts` distinct single-turn user prompts sampled from `target`.
 
     `keep_truncated` keeps prompts cut at `max_new_tokens` (otherwise only prompts the target
-    ended itself are kept).
+    ended itself are kept). `opened_fraction` of each round's rows start with one of `openings`
+    (see the module docstring); 0 samples every row from the bare user-turn prefix.
     """
     if num_prompts < 1:
         raise ConfigError(f"num_prompts: expected >= 1, got {num_prompts}")
@@ -63,11 +111,15 @@ def generate_magpie_prompts(
     if tok is None:
         raise ConfigError(f"target {target.path} has no tokenizer; Magpie needs its chat template")
     template = resolve_chat_template(tok, chat_template)
-    prefix_ids = list(tok(user_turn_prefix(tok, template), add_special_tokens=False)["input_ids"])
+    prefix = user_turn_prefix(tok, template)
+    openings_for_round(sampling.batch_size, opened_fraction, 0, openings)  # checks the fraction
+    # the prefix and each opening tokenized together, as the text would be
+    row_ids = {o: list(tok(prefix + o, add_special_tokens=False)["input_ids"]) for o in ("", *openings)}
+    longest = max(len(ids) for ids in row_ids.values())
     fn = generate_fn or pick_generate_fn()  # one backend (and runner) for every round
     reserve = getattr(fn, "reserve", None)
     if reserve is not None:
-        reserve(sampling.batch_size, len(prefix_ids) + sampling.max_new_tokens)
+        reserve(sampling.batch_size, longest + sampling.max_new_tokens)
     seen: set[str] = set()
     out: list[Conversation] = []
     max_rounds = ROUNDS_PER_BATCH * (num_prompts // sampling.batch_size + 1)
@@ -76,11 +128,12 @@ def generate_magpie_prompts(
     for rnd in range(max_rounds):
         if len(out) >= num_prompts:
             break
+        row_openings = openings_for_round(sampling.batch_size, opened_fraction, rnd, openings)
         results = generate_answers(
-            target, [prefix_ids] * sampling.batch_size, sampling, sampling.seed + rnd, generate_fn=fn
+            target, [row_ids[o] for o in row_openings], sampling, sampling.seed + rnd, generate_fn=fn
         )
-        for ids, finish in results:
-            text = tok.decode(ids, skip_special_tokens=True).strip()
+        for opening, (ids, finish) in zip(row_openings, results, strict=True):
+            text = (opening + tok.decode(ids, skip_special_tokens=True)).strip()
             if finish == "length" and not keep_truncated:
                 stats["truncated"] += 1
                 continue
@@ -120,6 +173,7 @@ def cached_magpie_prompts(
     sampling: SamplingConfig = DEFAULT_MAGPIE_SAMPLING,
     chat_template: str | None = None,
     show_progress: bool = True,
+    opened_fraction: float = 0.0,
 ) -> list[Conversation]:
     """Magpie prompts kept in `path` (JSONL): read when present, else sampled and written atomically.
 
@@ -128,7 +182,12 @@ def cached_magpie_prompts(
     path = Path(path)
     if not path.exists():
         convs = generate_magpie_prompts(
-            target, num_prompts, sampling=sampling, chat_template=chat_template, show_progress=show_progress
+            target,
+            num_prompts,
+            sampling=sampling,
+            chat_template=chat_template,
+            show_progress=show_progress,
+            opened_fraction=opened_fraction,
         )
         atomic_write_text(path, "".join(json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in convs))
     return read_conversations(path)[0]

@@ -71,6 +71,11 @@ class QuickstartPreset:
     draft_intermediate_size: int = help_field(
         "the draft layer's MLP width (0 = the target's, EAGLE-3's default)", default=0
     )
+    magpie_opened_fraction: float = help_field(
+        "share of the Magpie prompts started with an instruction opening (eaglewire.data.magpie."
+        "MAGPIE_OPENINGS: 'Write', 'Solve', 'Act as', ...); 0 = every prompt as the target asks it",
+        default=0.0,  # not yet measured on a GPU: a lever for MT-bench's writing, roleplay and extraction
+    )
 
     def __post_init__(self) -> None:
         outside = [s for s in (*self.hf_baseline_sets, *self.whole_sets) if s not in self.prompt_sets]
@@ -78,6 +83,10 @@ class QuickstartPreset:
             raise ConfigError(
                 f"preset {self.name!r}: hf_baseline_sets / whole_sets name {outside}, which prompt_sets "
                 f"{list(self.prompt_sets)} does not decode"
+            )
+        if not 0.0 <= self.magpie_opened_fraction <= 1.0:
+            raise ConfigError(
+                f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"
             )
         for name in ("train_max_seconds", "regen_max_seconds"):
             value = getattr(self, name)

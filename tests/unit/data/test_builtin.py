@@ -97,3 +97,38 @@ def test_magpie_prompt_starts_from_user_prefix_only() -> None:
     cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0, batch_size=4)
     generate_magpie_prompts(target, 3, sampling=cfg, show_progress=False, generate_fn=recording_generate)
     assert target.tokenizer.decode(calls[0]) == "<|im_start|>user\n"
+
+
+def test_magpie_openings_start_the_chosen_share_of_rows() -> None:
+    """opened_fraction: that share of each round's rows is fed the user-turn prefix plus an
+    opening (cycled through the list across rounds), and those prompts start with it; the others
+    start from the bare prefix. 0 leaves every row bare."""
+    from eaglewire.data.magpie import openings_for_round
+
+    calls: list[list[int]] = []
+
+    def recording_generate(t, prompts, max_new_tokens, temperature, top_p, seed, eos):  # type: ignore[no-untyped-def]
+        calls.extend(prompts)
+        return [[5 + (seed * 7 + i + k) % 50 for k in range(12)] + [eos[0]] for i in range(len(prompts))]
+
+    target = make_tiny_target("llama", num_layers=2)
+    tok = target.tokenizer
+    cfg = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=1.0, seed=0, batch_size=4)
+    openings = ("Write", "Solve", "Act as")
+    out = generate_magpie_prompts(
+        target, 8, sampling=cfg, show_progress=False, generate_fn=recording_generate, opened_fraction=0.5, openings=openings
+    )  # fmt: skip
+    fed = [tok.decode(ids) for ids in calls]
+    assert fed[:4] == [
+        "<|im_start|>user\nWrite",
+        "<|im_start|>user\nSolve",
+        "<|im_start|>user\n",
+        "<|im_start|>user\n",
+    ]
+    assert fed[4:6] == ["<|im_start|>user\nAct as", "<|im_start|>user\nWrite"]  # the cycle goes on
+    texts = [c.messages[0].content for c in out]
+    assert sum(t.startswith(openings) for t in texts) == 4 and len(texts) == 8
+    assert openings_for_round(4, 0.0, 3, openings) == [""] * 4
+    assert openings_for_round(4, 1.0, 1, openings) == ["Solve", "Act as", "Write", "Solve"]
+    with pytest.raises(ConfigError, match="opened_fraction: expected 0..1, got 1.5"):
+        generate_magpie_prompts(target, 2, sampling=cfg, show_progress=False, opened_fraction=1.5)

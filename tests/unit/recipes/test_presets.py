@@ -115,6 +115,8 @@ def test_cli_overrides_reach_the_preset(tmp_path):
         "3",
         "--magpie",
         "2",
+        "--magpie-opened-fraction",
+        "0.5",
         "--draft-vocab-size",
         "300",
         "--draft-intermediate-size",

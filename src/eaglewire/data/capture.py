@@ -211,13 +211,13 @@ def capture_dataset(
 ) -> CaptureStats:
     """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
 
-    Consecutive shards are captured together, a window of at least `window_tokens` tokens at a time
-    (default WINDOW_BATCHES full batches: batching.py says why), and each window's shards go to the writers as soon as its copies
-    have arrived. The target runs on the calling thread while up to `write_workers` threads stream
-    earlier shards to disk and sha256 (held in memory: the shards being written, at most
-    write_workers once a window has been handed over, plus the window being copied to the host and
-    the one being captured; writing adds no copy of them), so disk and sha256 time overlap the
-    target's forwards instead of adding to them."""
+    Consecutive shards are captured together, a window of at least `window_tokens` tokens at a
+    time (default: WINDOW_BATCHES full batches; batching.py says why), and a window's shards go to
+    the writers as soon as its copies have arrived. The target runs on the calling thread while up
+    to `write_workers` threads stream earlier shards to disk and sha256 (held in memory: the shards
+    being written, at most write_workers once a window has been handed over, plus the window being
+    copied to the host and the one being captured; writing adds no copy of them), so disk and
+    sha256 time overlap the target's forwards instead of adding to them."""
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
     if window_tokens is not None and window_tokens < 1:
@@ -269,7 +269,7 @@ def capture_dataset(
         bar.set_postfix_str(f"{stats.tokens / (time.perf_counter() - start):.0f} tok/s")
         log.debug("shard %d: %d records, %d tokens written", info.index, info.records, info.tokens)
 
-    todo = []  # shards still to capture: (index, first record, end record)
+    todo: list[tuple[int, int, int]] = []  # shards still to capture: (index, first record, end record)
     for k in range(num_shards):
         lo, hi = k * shard_records, min(len(dataset), (k + 1) * shard_records)
         if writer.done(k):

@@ -190,6 +190,7 @@ def measure_method(
                 phase_seconds=out.phase_seconds,
                 accepted_per_round=out.accepted_per_round,
                 emitted_per_round=out.emitted_per_round,
+                category=prompt.category,
             )
         )
     result = MethodResult(name, available=True, settings=settings or {}, runs=runs)

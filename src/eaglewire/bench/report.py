@@ -102,6 +102,9 @@ class BenchReport:
                 )
         if notes:
             lines += ["", *notes]
+        by_category = category_markdown(self.results)
+        if by_category:
+            lines += ["", "tau by prompt category:", "", by_category]
         if self.predictions:
             lines += ["", "Offline predicted vs measured tau:", "", prediction_markdown(self.predictions)]
         if self.served_predictions:
@@ -114,6 +117,22 @@ class BenchReport:
         if m.get("command"):
             lines += ["", f"Command: `{m['command']}`"]
         return "\n".join(lines) + "\n"
+
+
+def category_markdown(results: dict[str, MethodResult]) -> str:
+    """One row per prompt category, one column per speculative method: its tau over that category's
+    prompts; "" unless the prompts fall into at least two categories."""
+    methods = {name: r.tau_by_category for name, r in results.items() if r.tau_by_category}
+    cats = list(dict.fromkeys(c for by in methods.values() for c in by))
+    if len(cats) < 2:
+        return ""
+    prompts = {c: sum(1 for r in next(iter(results.values())).runs if r.category == c) for c in cats}
+    lines = ["| category | prompts | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for c in cats:
+        lines.append(
+            f"| {c} | {prompts[c]} | " + " | ".join(_fmt(by.get(c), ".2f") for by in methods.values()) + " |"
+        )
+    return "\n".join(lines)
 
 
 def _margin_note(mm: Mismatch) -> str:

@@ -42,6 +42,7 @@ class PromptRun:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # the last timed run's
     accepted_per_round: list[int] = field(default_factory=list)  # the last timed run's (speculative only)
     emitted_per_round: list[int] = field(default_factory=list)  # its tokens per round, the last past the stop
+    category: str = ""  # the prompt's category (MT-bench's writing, math, ...), "" when it has none
 
     @property
     def new_tokens(self) -> int:
@@ -69,9 +70,19 @@ class PromptRun:
             "accepted_per_round": self.accepted_per_round,
             "emitted_per_round": self.emitted_per_round,
             "finish_reason": self.finish_reason,
+            "category": self.category,
             "text": self.text,
             "token_ids": self.token_ids,
         }
+
+
+def pooled_tau(runs: Sequence[PromptRun]) -> float | None:
+    """Tokens emitted per verification over `runs` (each prompt's tau weighted by its verifications)."""
+    spec = [r for r in runs if r.tau is not None]
+    total = sum(r.num_verifications for r in spec)
+    if not spec or total == 0:
+        return None
+    return sum(r.tau * r.num_verifications for r in spec if r.tau is not None) / total
 
 
 @dataclass
@@ -163,11 +174,15 @@ class MethodResult:
 
     @property
     def tau(self) -> float | None:
-        spec = [r for r in self.runs if r.tau is not None]
-        total = sum(r.num_verifications for r in spec)
-        if not spec or total == 0:
-            return None
-        return sum(r.tau * r.num_verifications for r in spec if r.tau is not None) / total
+        return pooled_tau(self.runs)
+
+    @property
+    def tau_by_category(self) -> dict[str, float]:
+        """tau pooled over each prompt category's runs, categories in first-seen order; empty when the
+        prompts have no categories or the method does not speculate."""
+        cats = list(dict.fromkeys(r.category for r in self.runs if r.category))
+        pooled = {c: pooled_tau([r for r in self.runs if r.category == c]) for c in cats}
+        return {c: t for c, t in pooled.items() if t is not None}
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -222,6 +237,7 @@ class MethodResult:
             "decode_speedup_vs_plain": self.decode_speedup_vs_plain,
             "decode_ms_per_forward": self.decode_ms_per_forward,
             "tau": self.tau,
+            "tau_by_category": self.tau_by_category,
             "num_verifications": self.num_verifications,
             "per_position_acceptance": self.per_position_acceptance,
             "phase_seconds": self.phase_seconds,

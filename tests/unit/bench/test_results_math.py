@@ -111,3 +111,32 @@ def test_decode_only_figures_leave_out_the_prefill() -> None:
     assert spec.decode_ms_per_forward == pytest.approx(800 / 10)  # per verification round
     assert spec.decode_speedup_vs_plain == pytest.approx((32 / 0.8) / (32 / 3.0))
     assert hf.decode_tokens_per_s is None and hf.decode_speedup_vs_plain is None
+
+
+def test_tau_by_category_pools_each_category_and_the_report_shows_it() -> None:
+    """tau per prompt category weights each prompt by its verifications, as the overall tau; the
+    Markdown report has a category table only when the prompts fall into two or more categories."""
+    from eaglewire.bench.report import category_markdown
+
+    plain = MethodResult("plain", True, runs=[run(p, [1] * 8, 1.0, category=c) for p, c in (("a", "math"), ("b", "math"), ("c", "writing"))])  # fmt: skip
+    chain = MethodResult(
+        "eagle-chain",
+        True,
+        runs=[
+            run("a", [1] * 30, 1.0, tau=3.0, num_verifications=10, category="math"),
+            run("b", [1] * 30, 1.0, tau=1.0, num_verifications=30, category="math"),
+            run("c", [1] * 20, 1.0, tau=2.0, num_verifications=10, category="writing"),
+        ],
+    )
+    assert chain.tau_by_category == pytest.approx({"math": 1.5, "writing": 2.0})  # 60 tokens / 40 rounds
+    assert plain.tau_by_category == {}  # no speculation, no tau
+    assert chain.to_json()["tau_by_category"] == chain.tau_by_category
+    table = category_markdown({"plain": plain, "eagle-chain": chain})
+    assert table.splitlines()[0] == "| category | prompts | eagle-chain |"
+    assert "| math | 2 | 1.50 |" in table and "| writing | 1 | 2.00 |" in table
+    one = MethodResult("eagle-chain", True, runs=[run("a", [1] * 4, 1.0, tau=2.0, num_verifications=2, category="math")])  # fmt: skip
+    assert category_markdown({"eagle-chain": one}) == ""
+    report = BenchReport(
+        meta={"prompts": "mt-bench"}, results={"plain": plain, "eagle-chain": chain}, reference="plain"
+    )
+    assert "tau by prompt category:" in report.markdown()

@@ -8,6 +8,7 @@ target still matches the stored contract's fingerprint by values).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -62,6 +63,33 @@ def estimate_storage(num_tokens: int, contract: Contract) -> int:
     elem = torch.empty(0, dtype=getattr(torch, contract.dtype)).element_size()
     per_token = (contract.num_aux + 1) * contract.target.hidden_size * elem + ID_AND_MASK_BYTES
     return num_tokens * per_token
+
+
+# Warn when the states a capture may hold in host memory at once exceed this share of its RAM.
+HELD_RAM_SHARE = 0.25
+
+
+def peak_host_bytes(
+    window_shard_tokens: Sequence[Sequence[int]], write_workers: int, contract: Contract
+) -> int:
+    """The most bytes of states a capture holds in host memory at once, from the token counts of the
+    shards of each window: `write_workers` of the largest shards waiting for or being written, plus
+    the two largest windows (one being copied to the host, the next being captured)."""
+    shard_bytes = sorted(
+        (estimate_storage(t, contract) for w in window_shard_tokens for t in w), reverse=True
+    )
+    window_bytes = sorted(
+        (sum(estimate_storage(t, contract) for t in w) for w in window_shard_tokens), reverse=True
+    )
+    return sum(shard_bytes[:write_workers]) + sum(window_bytes[:2])
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's RAM in bytes, where the OS says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def human_bytes(n: float) -> str:
@@ -284,6 +312,22 @@ def capture_dataset(
             WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens,
         )
     ]
+    held = peak_host_bytes(
+        [[int(lengths[lo:hi].sum()) for _, lo, hi in w] for w in windows], write_workers, contract
+    )
+    log.info("capture: up to ~%s of states held in host memory at once", human_bytes(held))
+    ram = physical_memory_bytes()
+    if ram and held > HELD_RAM_SHARE * ram:
+        log.warning(
+            "capture: up to ~%s of states may be held in host memory at once (shards being written plus "
+            "two windows being captured), more than %d%% of this machine's %s: pass a smaller "
+            "--shard-records (now %d) or --write-workers (now %d)",
+            human_bytes(held),
+            round(100 * HELD_RAM_SHARE),
+            human_bytes(ram),
+            shard_records,
+            write_workers,
+        )
 
     copy_stream = torch.cuda.Stream(target.device) if target.device.type == "cuda" else None
     pending: deque[Future[ShardInfo]] = deque()

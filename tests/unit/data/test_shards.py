@@ -209,3 +209,30 @@ def test_windows_of_several_shards_write_the_same_shards(
     c = ShardDataset(many, verify="eager")
     for i in range(len(dataset)):
         torch.testing.assert_close(c[i].aux, a[i].aux)
+
+
+def test_host_memory_estimate_and_the_warning_that_names_the_flags(
+    tmp_path: Path,
+    target,
+    dataset: TokenizedDataset,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # type: ignore[no-untyped-def]
+    """peak_host_bytes: the write_workers largest shards plus the two largest windows; a capture whose
+    estimate exceeds a quarter of the machine's RAM warns, naming --shard-records and --write-workers."""
+    import logging
+
+    import eaglewire.data.capture as capture_module
+    from eaglewire.data.capture import peak_host_bytes
+    from eaglewire.target.identity import build_contract
+
+    c = build_contract(target, fingerprint=False)
+    per = estimate_storage(1, c)
+    windows = [[10, 20], [30], [5, 5, 5]]
+    assert peak_host_bytes(windows, 2, c) == (30 + 20) * per + (30 + 30) * per
+    assert peak_host_bytes(windows, 8, c) == 75 * per + 60 * per  # fewer shards than writers: all of them
+    monkeypatch.setattr(capture_module, "physical_memory_bytes", lambda: 1000)
+    with caplog.at_level(logging.WARNING, logger="eaglewire.data.capture"):
+        capture_dataset(target, dataset, tmp_path / "s", shard_records=4, show_progress=False)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("--shard-records (now 4)" in m and "--write-workers (now 8)" in m for m in warned), warned

@@ -8,8 +8,7 @@ from typing import Any
 import typer
 
 from eaglewire.cli.common import console, print_json, print_table
-
-STAGES = ("target", "data", "train", "eval", "decode", "export", "doctor")
+from eaglewire.recipes.resume import STAGES
 
 
 def show_target_report(report: Any) -> None:

@@ -13,13 +13,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from eaglewire.data.formats import Conversation
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import QuickstartPreset
+from eaglewire.recipes.resume import STAGES, check_resume, preset_json
 
 if TYPE_CHECKING:
     from eaglewire.bench.prediction import PredictionRow
@@ -65,6 +66,8 @@ class QuickstartRun:
             done = json.loads(marker.read_text())
             self.stages.append(StageLog(name, done["seconds"], done["result"], skipped=True))
             return dict(done["result"])
+        for later in STAGES[STAGES.index(name) + 1 :]:  # they ran on what this stage now redoes
+            self.path(f"{later}.json").unlink(missing_ok=True)
         start = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - start
@@ -455,7 +458,9 @@ def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
     from eaglewire.target.loading import load_target
 
     run.out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run.path("preset.json"), asdict(run.preset))
+    if run.path("preset.json").exists():  # a rerun: only stages its changes do not feed are reused
+        check_resume(run.out_dir, json.loads(run.path("preset.json").read_text()), run.preset)
+    atomic_write_json(run.path("preset.json"), preset_json(run.preset))
     loaded = load_target(run.target, dtype=run.preset.target_dtype, device=run.preset.device)
 
     def target_stage() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from eaglewire.data.chat_masks import resolve_chat_template, user_turn_prefix
 from eaglewire.data.formats import Conversation, Message, read_conversations
 from eaglewire.data.generation import GenerateFn, SamplingConfig, generate_answers, pick_generate_fn
 from eaglewire.errors import ConfigError
-from eaglewire.io_utils import atomic_write_text
+from eaglewire.io_utils import atomic_write_text, sha256_text
 from eaglewire.target.loading import LoadedTarget
 
 log = logging.getLogger(__name__)
@@ -177,9 +177,31 @@ def cached_magpie_prompts(
 ) -> list[Conversation]:
     """Magpie prompts kept in `path` (JSONL): read when present, else sampled and written atomically.
 
-    Regeneration reruns reuse the file, so a resumed run answers exactly the same prompts.
+    Regeneration reruns reuse the file, so a resumed run answers exactly the same prompts. What they
+    were sampled with is kept beside it (`<path>.settings.json`); a rerun asking for other prompts
+    (another count, opened share, temperature, top-p, length, seed or template) is refused instead
+    of answering the old ones. The batch size is left out: it sets the pace, not what was asked.
     """
     path = Path(path)
+    settings = {
+        "num_prompts": num_prompts,
+        "opened_fraction": opened_fraction,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_new_tokens": sampling.max_new_tokens,
+        "seed": sampling.seed,
+        "chat_template_sha256": None if chat_template is None else sha256_text(str(chat_template)),
+    }
+    recorded = path.with_name(path.name + ".settings.json")
+    if path.exists() and recorded.exists():
+        old = json.loads(recorded.read_text())
+        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if changed:
+            raise ConfigError(
+                f"{path}: these Magpie prompts were sampled with other settings than asked now: "
+                + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()),
+                fix=f"delete {path} and {recorded.name} to sample again, or rerun with the old settings",
+            )
     if not path.exists():
         convs = generate_magpie_prompts(
             target,
@@ -189,5 +211,6 @@ def cached_magpie_prompts(
             show_progress=show_progress,
             opened_fraction=opened_fraction,
         )
+        atomic_write_text(recorded, json.dumps(settings, indent=1) + "\n")  # first: never prompts without it
         atomic_write_text(path, "".join(json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in convs))
     return read_conversations(path)[0]

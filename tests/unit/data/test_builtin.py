@@ -132,3 +132,44 @@ def test_magpie_openings_start_the_chosen_share_of_rows() -> None:
     assert openings_for_round(4, 1.0, 1, openings) == ["Solve", "Act as", "Write", "Solve"]
     with pytest.raises(ConfigError, match="opened_fraction: expected 0..1, got 1.5"):
         generate_magpie_prompts(target, 2, sampling=cfg, show_progress=False, opened_fraction=1.5)
+
+
+def test_cached_magpie_prompts_refuse_a_rerun_that_asks_for_other_prompts(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The cache answers a rerun with the same prompts; one asking for another count or opened share
+    is refused, naming both values; another batch size (the pace) reuses them."""
+    from dataclasses import replace as dc_replace
+
+    import eaglewire.data.magpie as magpie_module
+    from eaglewire.data.magpie import cached_magpie_prompts
+
+    calls: list[int] = []
+
+    def recording_generate(t, prompts, max_new_tokens, temperature, top_p, seed, eos):  # type: ignore[no-untyped-def]
+        calls.append(len(prompts))
+        return [[5 + (seed * 7 + i + k) % 50 for k in range(12)] + [eos[0]] for i in range(len(prompts))]
+
+    real = magpie_module.generate_magpie_prompts
+    monkeypatch.setattr(
+        magpie_module,
+        "generate_magpie_prompts",
+        lambda *a, **k: real(*a, **k, generate_fn=recording_generate),
+    )
+    target = make_tiny_target("llama", num_layers=2)
+    cfg = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=1.0, seed=0, batch_size=4)
+    path = tmp_path / "magpie.jsonl"
+
+    def sampled(n: int, **kw):  # type: ignore[no-untyped-def]
+        return cached_magpie_prompts(target, path, n, show_progress=False, **{"sampling": cfg, **kw})
+
+    first = sampled(6)
+    assert calls and (tmp_path / "magpie.jsonl.settings.json").exists()
+    n = len(calls)
+    assert [c.record_id for c in sampled(6, sampling=dc_replace(cfg, batch_size=2))] == [
+        c.record_id for c in first
+    ]
+    assert len(calls) == n  # read back, not sampled again
+    with pytest.raises(ConfigError, match=r"num_prompts 6 -> 7") as err:
+        sampled(7)
+    assert "delete" in err.value.fix and "magpie.jsonl.settings.json" in err.value.fix
+    with pytest.raises(ConfigError, match=r"opened_fraction 0.0 -> 0.5"):
+        sampled(6, opened_fraction=0.5)

@@ -113,8 +113,9 @@ def generate_magpie_prompts(
     template = resolve_chat_template(tok, chat_template)
     prefix = user_turn_prefix(tok, template)
     openings_for_round(sampling.batch_size, opened_fraction, 0, openings)  # checks the fraction
-    # the prefix and each opening tokenized together, as the text would be
-    row_ids = {o: list(tok(prefix + o, add_special_tokens=False)["input_ids"]) for o in ("", *openings)}
+    # the prefix and each opening in use tokenized together, as the text would be
+    used = ("", *openings) if opened_fraction > 0 else ("",)
+    row_ids = {o: list(tok(prefix + o, add_special_tokens=False)["input_ids"]) for o in used}
     longest = max(len(ids) for ids in row_ids.values())
     fn = generate_fn or pick_generate_fn()  # one backend (and runner) for every round
     reserve = getattr(fn, "reserve", None)

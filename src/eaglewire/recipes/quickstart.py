@@ -101,11 +101,9 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
         from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, cached_magpie_prompts
 
         sampling = replace(DEFAULT_MAGPIE_SAMPLING, batch_size=p.regen_batch_size)
-        # another opened share is another set of prompts: its own file, never a stale one
-        opened = f"_opened{round(100 * p.magpie_opened_fraction)}" if p.magpie_opened_fraction else ""
         magpie = cached_magpie_prompts(
             loaded,
-            run.path("data", f"magpie_prompts{opened}.jsonl"),
+            run.path("data", "magpie_prompts.jsonl"),
             p.magpie_prompts,
             sampling=sampling,
             opened_fraction=p.magpie_opened_fraction,

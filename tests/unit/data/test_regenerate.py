@@ -167,3 +167,34 @@ def test_time_budget_stops_between_batches_and_a_rerun_resumes(tmp_path: Path) -
     assert not rest.stopped_at_time_budget and rest.written == 2 and rest.already_done == 2
     regenerate(target, convs, tmp_path / "whole.jsonl", cfg, show_progress=False)
     assert out.read_text() == (tmp_path / "whole.jsonl").read_text()
+
+
+def test_cli_regenerates_opened_magpie_prompts_and_refuses_other_ones_on_a_rerun(tmp_path: Path) -> None:
+    """`data regenerate --input builtin:magpie --magpie-opened-fraction`: the prompts (kept beside the
+    output) start with the openings in that share; a rerun asking for another count stops, naming it."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli import app
+    from eaglewire.data.magpie import MAGPIE_OPENINGS
+
+    target_dir = save_tiny_target(make_tiny_target("llama", num_layers=2), tmp_path / "target")
+    out = tmp_path / "magpie.jsonl"
+    args = ["data", "regenerate", "--target", str(target_dir), "--input", "builtin:magpie", "--out", str(out)]
+    args += [
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "8",
+    ]
+    res = CliRunner().invoke(app, [*args, "--magpie-prompts", "8", "--magpie-opened-fraction", "0.5"])
+    assert res.exit_code == 0, res.output
+    prompts, _ = read_conversations(out.with_name(out.name + ".prompts.jsonl"))
+    opened = [c for c in prompts if c.messages[0].content.startswith(MAGPIE_OPENINGS)]
+    assert prompts and 0 < len(opened) < len(prompts)
+    again = CliRunner().invoke(app, [*args, "--magpie-prompts", "9", "--magpie-opened-fraction", "0.5"])
+    assert isinstance(again.exception, ConfigError) and "num_prompts 8 -> 9" in str(again.exception)

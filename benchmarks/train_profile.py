@@ -195,6 +195,12 @@ def main() -> None:
         help="TrainConfig.compile settings to compare, e.g. off,on (default off,on; --tiny: off, as "
         "inductor on a CPU needs a C++ toolchain: pass it to check the compiled path there)",
     )
+    ap.add_argument(
+        "--settings",
+        type=lambda s: [(int(b), c.strip() == "on") for b, c in (x.split(":") for x in s.split(","))],
+        default=None,
+        help="explicit ROWS:off|on pairs, e.g. 16:off,16:on,32:off (instead of every --batch-sizes x --compile)",
+    )
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument(
         "--draft-intermediate-size",
@@ -221,7 +227,10 @@ def main() -> None:
     ds, _ = build_dataset(convs, target.tokenizer, max_length=args.max_length, show_progress=False)
     d2t = build_draft_vocab(ds, args.vd, vocab_size=target.vocab_size).draft_to_target
     rows = []
-    for b, compiled in itertools.product(args.batch_sizes, args.compile):
+    settings = args.settings or list(itertools.product(args.batch_sizes, args.compile))
+    if args.tiny and args.settings:
+        settings = [(2, compiled) for _, compiled in args.settings]  # the tiny target's rows
+    for b, compiled in settings:
         config = TrainConfig(
             ttt_steps=args.ttt_steps,
             learning_rate=5e-4,

@@ -273,21 +273,18 @@ def _hash_only(records: list[Any]) -> int:
 
 
 def writer_rows(
-    target: LoadedTarget,
     ds: TokenizedDataset,
-    contract: Any,
     shards: list[range],
-    sizes: dict[str, int],
+    captured: list[list[Any]],
     work_root: Path,
     args: argparse.Namespace,
     suffix: str = "",
 ) -> list[dict[str, Any]]:
-    """The shard writer alone and its two halves, on one capture's shards held in host memory, each
-    by --write-workers threads, a shard per task: write_shards (`write_shard`: safetensors streamed
-    with sha256, into a fresh directory per repeat), write_raw (the same bytes to files, no hash),
-    sha256_only (the hash, no file). MB/s shows whether the disk or the hash bounds the writer."""
-    with torch.no_grad():
-        captured = [capture_records(target, ds, indices, contract, **sizes) for indices in shards]
+    """The shard writer alone and its two halves, on one capture's shards held in host memory
+    (`captured`: each shard's records), each by --write-workers threads, a shard per task:
+    write_shards (`write_shard`: safetensors streamed with sha256, into a fresh directory per
+    repeat), write_raw (the same bytes to files, no hash), sha256_only (the hash, no file). MB/s
+    shows whether the disk or the hash bounds the writer."""
 
     tasks: list[tuple[str, Callable[[Path, int], int], str]] = [
         ("write_shards", lambda out, k: write_shard(out / shard_file_name(k), k, shards[k].start, captured[k]).bytes, "the shard writer alone"),
@@ -536,14 +533,16 @@ def main(argv: list[str] | None = None) -> int:
 
     work_root = args.work or Path(os.environ.get("SMOL") or tempfile.gettempdir())
     work_root.mkdir(parents=True, exist_ok=True)
-    rows.extend(writer_rows(target, ds, contract, shards, sizes, work_root, args))
-    end_to_end = dataset_row("capture_dataset", target, ds, source, work_root, args)
-    rows.append(end_to_end)
+    with torch.no_grad():  # one capture in host memory for every writer row
+        captured = [capture_records(target, ds, indices, contract, **sizes) for indices in shards]
+    rows.extend(writer_rows(ds, shards, captured, work_root, args))
     if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)
         args.second_work.mkdir(parents=True, exist_ok=True)
-        rows.extend(
-            writer_rows(target, ds, contract, shards, sizes, args.second_work, args, suffix="_second")
-        )
+        rows.extend(writer_rows(ds, shards, captured, args.second_work, args, suffix="_second"))
+    del captured  # freed before the end-to-end runs, which hold their own
+    end_to_end = dataset_row("capture_dataset", target, ds, source, work_root, args)
+    rows.append(end_to_end)
+    if args.second_work is not None:
         rows.append(dataset_row("capture_dataset_second", target, ds, source, args.second_work, args))
 
     # the goal's baseline: the fastest prefill

@@ -305,16 +305,12 @@ def capture_dataset(
             bar.update(int(lengths[lo:hi].sum()))
         else:
             todo.append((k, lo, hi))
-    windows = [
-        [todo[j] for j in window]
-        for window in capture_windows(
-            [int(lengths[lo:hi].sum()) for _, lo, hi in todo],
-            WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens,
-        )
-    ]
-    held = peak_host_bytes(
-        [[int(lengths[lo:hi].sum()) for _, lo, hi in w] for w in windows], write_workers, contract
+    todo_tokens = [int(lengths[lo:hi].sum()) for _, lo, hi in todo]
+    groups = capture_windows(
+        todo_tokens, WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens
     )
+    windows = [[todo[j] for j in group] for group in groups]
+    held = peak_host_bytes([[todo_tokens[j] for j in group] for group in groups], write_workers, contract)
     log.info("capture: up to ~%s of states held in host memory at once", human_bytes(held))
     ram = physical_memory_bytes()
     if ram and held > HELD_RAM_SHARE * ram:

@@ -63,6 +63,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -371,8 +372,13 @@ def dataset_row(
         written_bytes=stats.written_bytes,
         write_mb_per_s=stats.written_bytes / out["seconds"] / 1e6 if out["seconds"] > 0 else 0.0,
         shard_dir=str(shard_dir) if args.keep_shards else None,
+        phases_all=[
+            {k: round(v, 3) for k, v in asdict(s).items() if k.endswith("_seconds")} for s, _ in runs
+        ],
     )
     log.info("%s: %.0f tok/s, %.0f MB/s (runs %s s)", name, out["tokens_per_s"], out["write_mb_per_s"], [round(x, 3) for x in out["seconds_all"]])  # fmt: skip
+    for s, _ in runs:
+        log.info("%s: %s", name, s.phases())
     return out
 
 

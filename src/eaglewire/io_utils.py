@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,17 +29,23 @@ def eaglewire_home() -> Path:
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it into place only if the block succeeds."""
+    """Yield a temporary path beside `path` (no file there yet); rename it into place only if the
+    block succeeds.
+
+    The temporary file sits alone in a fresh private directory beside `path` (same filesystem, so
+    the rename is atomic) and the block creates it. Why not `mkstemp`: its file exists already, so
+    the block's `open(tmp, "wb")` truncates it, and on ext4 a truncation to size 0 sets
+    auto_da_alloc's flag, which makes close() flush the whole file to disk in the writing thread
+    (measured: ~0.25 s per GB of capture shards, a third of their write time)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = tmp_dir / path.name
     try:
-        yield Path(tmp)
+        yield tmp
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # empty after the rename; else the failed block's file
 
 
 def atomic_write_text(path: Path, text: str) -> None:

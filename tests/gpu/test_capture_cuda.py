@@ -50,7 +50,8 @@ def test_copy_stream_records_equal_a_synchronous_read_back(tmp_path) -> None:
                 assert torch.equal(records[i].aux, aux[row, : lengths[i]]), i
                 assert torch.equal(records[i].final, final[row, : lengths[i]]), i
     cuda_shards = tmp_path / "cuda"
-    capture_dataset(target, dataset, cuda_shards, shard_records=5, batch_size=BATCH_SIZE, show_progress=False)
+    stats = capture_dataset(target, dataset, cuda_shards, shard_records=5, batch_size=BATCH_SIZE, show_progress=False)  # fmt: skip
+    assert 0 < stats.gpu_forward_seconds < stats.seconds  # the compute stream's forwards were timed
     on_cpu, on_cuda = ShardDataset(cpu_shards), ShardDataset(cuda_shards)
     for i in range(len(dataset)):
         torch.testing.assert_close(on_cuda[i].aux, on_cpu[i].aux, atol=1e-4, rtol=1e-4)

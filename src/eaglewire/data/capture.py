@@ -52,10 +52,26 @@ class CaptureStats:
     estimated_bytes: int = 0
     written_bytes: int = 0
     seconds: float = 0.0
+    # Where the calling thread's wall time went (they add up to about `seconds`) and what the
+    # others did meanwhile: the next run's profile without a profiler.
+    launch_seconds: float = 0.0  # queuing windows' forwards and copies
+    copy_wait_seconds: float = 0.0  # waiting for a window's copies to reach the host
+    writer_wait_seconds: float = 0.0  # waiting for writers, to bound the shards held in memory
+    drain_seconds: float = 0.0  # after the last window was handed over, until every shard was written
+    gpu_forward_seconds: float = 0.0  # the compute stream busy with the windows' forwards (CUDA only)
+    writer_thread_seconds: float = 0.0  # summed over the writer threads, inside ShardWriter.write
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def phases(self) -> str:
+        """One log line's worth: the calling thread's phases, the GPU's and the writers' time."""
+        return (
+            f"launch {self.launch_seconds:.2f}s, copy wait {self.copy_wait_seconds:.2f}s, writer wait "
+            f"{self.writer_wait_seconds:.2f}s, drain {self.drain_seconds:.2f}s; GPU forwards "
+            f"{self.gpu_forward_seconds:.2f}s; writers {self.writer_thread_seconds:.2f} thread-s"
+        )
 
 
 def estimate_storage(num_tokens: int, contract: Contract) -> int:
@@ -325,23 +341,43 @@ def capture_dataset(
             write_workers,
         )
 
-    copy_stream = torch.cuda.Stream(target.device) if target.device.type == "cuda" else None
+    on_cuda = target.device.type == "cuda"
+    copy_stream = torch.cuda.Stream(target.device) if on_cuda else None
+    forward_spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # per window, compute stream
     pending: deque[Future[ShardInfo]] = deque()
+    writer_seconds: list[float] = []  # per shard written; list.append is atomic across threads
+
+    def write_shard_timed(k: int, lo: int, records: list[CapturedRecord]) -> ShardInfo:
+        t = time.perf_counter()
+        info = writer.write(k, lo, records)
+        writer_seconds.append(time.perf_counter() - t)
+        return info
+
     with ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool:
 
         def write(shards: list[tuple[int, int, int]], launched: LaunchedRecords) -> None:
+            t = time.perf_counter()
             records = launched.records()  # the window's records, shard after shard
+            stats.copy_wait_seconds += time.perf_counter() - t
             for k, lo, hi in shards:
-                pending.append(pool.submit(writer.write, k, lo, records[: hi - lo]))
+                pending.append(pool.submit(write_shard_timed, k, lo, records[: hi - lo]))
                 records = records[hi - lo :]
+            t = time.perf_counter()
             while len(pending) > write_workers:  # bound the shards held in memory
                 account(pending.popleft().result())
+            stats.writer_wait_seconds += time.perf_counter() - t
 
         # Window w's forwards are queued before window w - 1's copies are waited for, so the GPU
         # never drains between windows while the host cuts records and hands shards to the writers.
         in_flight: tuple[list[tuple[int, int, int]], LaunchedRecords] | None = None
         for shards in windows:
             indices = [i for _, lo, hi in shards for i in range(lo, hi)]
+            t = time.perf_counter()
+            if on_cuda:
+                forward_spans.append(
+                    (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                )
+                forward_spans[-1][0].record()
             try:
                 launched = launch_records(
                     target,
@@ -366,25 +402,35 @@ def capture_dataset(
                             err,
                         )
                 raise
+            if on_cuda:
+                forward_spans[-1][1].record()
+            stats.launch_seconds += time.perf_counter() - t
             if in_flight is not None:
                 write(*in_flight)
             in_flight = (shards, launched)
         if in_flight is not None:
             write(*in_flight)
+        t = time.perf_counter()
         while pending:
             account(pending.popleft().result())
+        stats.drain_seconds = time.perf_counter() - t
+    if forward_spans:  # every copy has arrived; the last end event may still be a step behind
+        torch.cuda.current_stream(target.device).synchronize()
+        stats.gpu_forward_seconds = sum(a.elapsed_time(b) for a, b in forward_spans) / 1000
+    stats.writer_thread_seconds = sum(writer_seconds)
     bar.close()
     stats.seconds = time.perf_counter() - start
     writer.finish(
         {"capture_stats": {**asdict(stats), "tokens_per_second": round(stats.tokens_per_second, 1)}}
     )
     log.info(
-        "capture: wrote %d shards (%d resumed), %d tokens in %.1fs = %.0f tok/s, %s",
+        "capture: wrote %d shards (%d resumed), %d tokens in %.1fs = %.0f tok/s, %s (%s)",
         stats.shards_written,
         stats.shards_resumed,
         stats.tokens,
         stats.seconds,
         stats.tokens_per_second,
         human_bytes(stats.written_bytes),
+        stats.phases(),
     )
     return stats

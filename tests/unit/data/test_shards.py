@@ -236,3 +236,19 @@ def test_host_memory_estimate_and_the_warning_that_names_the_flags(
         capture_dataset(target, dataset, tmp_path / "s", shard_records=4, show_progress=False)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("--shard-records (now 4)" in m and "--write-workers (now 8)" in m for m in warned), warned
+
+
+def test_capture_stats_break_the_wall_time_down_by_phase(
+    tmp_path: Path, target, dataset: TokenizedDataset
+) -> None:  # type: ignore[no-untyped-def]
+    """The calling thread's phases (launch, copy wait, writer wait, drain) add up to no more than
+    the wall time; the writers' time is counted; the manifest keeps them; no GPU time on a CPU."""
+    out = tmp_path / "phases"
+    stats = capture_dataset(target, dataset, out, shard_records=3, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+    phases = [stats.launch_seconds, stats.copy_wait_seconds, stats.writer_wait_seconds, stats.drain_seconds]
+    assert stats.launch_seconds > 0 and stats.writer_thread_seconds > 0
+    assert all(p >= 0 for p in phases) and sum(phases) <= stats.seconds
+    assert stats.gpu_forward_seconds == 0.0
+    recorded = json.loads((out / MANIFEST_FILE).read_text())["capture_stats"]
+    assert recorded["writer_thread_seconds"] == stats.writer_thread_seconds
+    assert "writer wait" in stats.phases() and "drain" in stats.phases()

@@ -83,25 +83,53 @@ def epoch_order(num_records: int, *, seed: int, epoch: int) -> list[int]:
     return [int(i) for i in torch.randperm(num_records, generator=gen)]
 
 
-def plan_rows(lengths: Sequence[int], order: Sequence[int], *, max_length: int, pack: bool) -> list[Row]:
-    """Rows in `order`: each record truncated to max_length; with `pack`, appended to the current row
-    while it fits (records keep their order, so the plan is deterministic)."""
+# Rows a packed plan keeps open at once. Next-fit (one open row, closed when the next record does
+# not fit) filled ~83% of each 1,024-token row on the H200 quickstart's data (13.6k real tokens of
+# 16 x 1,024 per step), and a step costs its padded tokens; with a few open rows each record goes
+# into the first one with room, and short records fill the gaps long ones leave.
+PACK_OPEN_ROWS = 8
+
+
+def plan_rows(
+    lengths: Sequence[int],
+    order: Sequence[int],
+    *,
+    max_length: int,
+    pack: bool,
+    open_rows: int = PACK_OPEN_ROWS,
+) -> list[Row]:
+    """Rows from the records in `order`, each record truncated to max_length.
+
+    Without `pack`, one record per row, in order. With `pack`, first-fit over at most `open_rows`
+    open rows: a record goes into the first open row it fits in, else into a new row; when that
+    would make more than `open_rows` open rows, the fullest one is closed first (the earliest
+    opened of equally full ones). Rows come out in the order they close, then the still open ones
+    in the order they opened. A pure function of its arguments, so a resumed run plans the same
+    rows; `open_rows=1` is next-fit."""
+    if open_rows < 1:
+        raise ValueError(f"plan_rows: open_rows must be >= 1, got {open_rows}")
     rows: list[Row] = []
-    current: list[Slot] = []
-    used = 0
+    shelf: list[tuple[list[Slot], int]] = []  # open rows, in the order they opened: (slots, tokens used)
     truncated = 0
     for idx in order:
         n = min(int(lengths[idx]), max_length)
         truncated += int(lengths[idx]) > max_length
         if n == 0:
             continue
-        if current and (not pack or used + n > max_length):
-            rows.append(tuple(current))
-            current, used = [], 0
-        current.append(Slot(record=idx, offset=used, length=n))
-        used += n
-    if current:
-        rows.append(tuple(current))
+        if not pack:
+            rows.append((Slot(record=idx, offset=0, length=n),))
+            continue
+        k = next((k for k, (_, used) in enumerate(shelf) if used + n <= max_length), None)
+        if k is None:
+            if len(shelf) == open_rows:
+                fullest = max(range(len(shelf)), key=lambda j: (shelf[j][1], -j))
+                rows.append(tuple(shelf.pop(fullest)[0]))
+            shelf.append(([], 0))
+            k = len(shelf) - 1
+        slots, used = shelf[k]
+        slots.append(Slot(record=idx, offset=used, length=n))
+        shelf[k] = (slots, used + n)
+    rows.extend(tuple(slots) for slots, _ in shelf)
     if truncated:
         log.info("%d records longer than max_length=%d were truncated", truncated, max_length)
     return rows

@@ -210,10 +210,11 @@ class EvalResult:
 
 
 def eval_rows(data: RecordSource[Any], *, max_length: int, pack: bool, max_records: int) -> list[Row]:
-    """Held-out rows in record order (no shuffling), at most `max_records` records."""
+    """Held-out rows in record order (no shuffling), at most `max_records` records. Packed next-fit
+    (one open row), so the rows' slots stay in record order, which the replay reads them back in."""
     lengths = record_lengths(data)
     n = len(lengths) if max_records <= 0 else min(max_records, len(lengths))
-    return plan_rows(lengths, list(range(n)), max_length=max_length, pack=pack)
+    return plan_rows(lengths, list(range(n)), max_length=max_length, pack=pack, open_rows=1)
 
 
 @torch.no_grad()

@@ -94,6 +94,11 @@ def quickstart(
     out: Path = typer.Option(Path("runs/quickstart"), "--out", help="run directory (rerun to resume)"),
     target: str = typer.Option("smollm2", "--target", help="target to run the recipe on"),
     chitchat: int = typer.Option(None, "--chitchat", help="override: training conversations from chitchat"),
+    user_turns: int = typer.Option(
+        None,
+        "--user-turns",
+        help="override: user turns kept per chitchat conversation (1 = first answers only)",
+    ),
     magpie: int = typer.Option(
         None, "--magpie", help="override: prompts sampled from the target itself (Magpie) for training"
     ),
@@ -141,6 +146,7 @@ def quickstart(
     chosen = get_preset(
         name,
         chitchat_conversations=chitchat,
+        user_turns=user_turns,
         magpie_prompts=magpie,
         magpie_opened_fraction=magpie_opened_fraction,
         draft_vocab_size=draft_vocab_size,

@@ -84,6 +84,8 @@ class QuickstartPreset:
                 f"preset {self.name!r}: hf_baseline_sets / whole_sets name {outside}, which prompt_sets "
                 f"{list(self.prompt_sets)} does not decode"
             )
+        if self.user_turns < 1:
+            raise ConfigError(f"preset {self.name!r}: user_turns must be >= 1, got {self.user_turns}")
         if not 0.0 <= self.magpie_opened_fraction <= 1.0:
             raise ConfigError(
                 f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"

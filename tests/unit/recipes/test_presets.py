@@ -18,6 +18,8 @@ def test_overrides_replace_fields_and_none_keeps_the_preset():
 def test_bad_overrides_name_the_field():
     with pytest.raises(ConfigError, match="regen_max_seconds must be >= 0"):
         get_preset("gpu", regen_max_seconds=-1.0)
+    with pytest.raises(ConfigError, match="user_turns must be >= 1, got 0"):
+        get_preset("gpu", user_turns=0)
     with pytest.raises(ConfigError, match="unknown fields.*no_such_field"):
         get_preset("cpu", no_such_field=1)
     with pytest.raises(ConfigError, match="--preset"):
@@ -113,6 +115,8 @@ def test_cli_overrides_reach_the_preset(tmp_path):
     flags = [
         "--chitchat",
         "3",
+        "--user-turns",
+        "1",
         "--magpie",
         "2",
         "--magpie-opened-fraction",

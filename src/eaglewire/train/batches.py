@@ -11,6 +11,7 @@ resumed run rebuilds exactly the same rows and skips to its saved position.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -243,6 +244,19 @@ def split_for_rank(
         if part:
             out.append(part)
     return out
+
+
+def plan_sha256(groups: Sequence[Sequence[Row]]) -> str:
+    """sha256 of one epoch's plan: which records (and how many of their tokens) each row of each
+    step holds. A checkpoint keeps it for its epoch, so a resume whose plan differs (other data or
+    lengths, another packing rule) is refused instead of continuing at a position that now points
+    at other records."""
+    digest = hashlib.sha256()
+    for group in groups:
+        for row in group:
+            digest.update(b"r" + b",".join(b"%d:%d" % (s.record, s.length) for s in row))
+        digest.update(b"|")
+    return digest.hexdigest()
 
 
 def plan_groups(lengths: list[int], config: TrainConfig, *, epoch: int, world_size: int) -> list[list[Row]]:

@@ -133,6 +133,34 @@ def test_resume_reaches_the_same_weights(tiny_target, tiny_contract, captured_re
         )
 
 
+def test_resume_refuses_a_plan_that_no_longer_lines_up(
+    tiny_target, tiny_contract, captured_records, tmp_path, monkeypatch
+):
+    """The checkpoint keeps its epoch's plan of rows (sha256): resuming over the records in another
+    order (a rebuilt dataset) or under another packing rule is refused, naming the epoch and both
+    hashes, instead of continuing at a position that now points at other records."""
+    import eaglewire.train.batches as batches
+
+    cfg = replace(FAST, epochs=2, checkpoint_every=1)
+    draft = init_draft(tiny_target, tiny_contract, seed=0)
+    run = tmp_path / "run"
+    side = offline(tiny_target, tiny_contract, draft)
+    train(cfg, draft, tiny_contract, captured_records, side, out_dir=run, stop_after_steps=1, progress=False)
+    state = json.loads(next(run.glob("checkpoints/step-*/trainer_state.json")).read_text())
+    assert len(state["epoch_plan_sha256"]) == 64
+    with pytest.raises(TrainingError, match=r"epoch 0's plan of rows \(sha256 [0-9a-f]{12}\) differs"):
+        train(
+            cfg, draft, tiny_contract, captured_records[::-1], side, out_dir=run, resume=True, progress=False
+        )
+    first_fit = batches.plan_rows
+    with monkeypatch.context() as m:  # the rule before 2026-12-01: next-fit
+        m.setattr(batches, "plan_rows", lambda *a, **k: first_fit(*a, **{**k, "open_rows": 1}))
+        with pytest.raises(TrainingError, match="packing rule changed"):
+            train(cfg, draft, tiny_contract, captured_records, side, out_dir=run, resume=True, progress=False)
+    res = train(cfg, draft, tiny_contract, captured_records, side, out_dir=run, resume=True, progress=False)
+    assert res.optimizer_steps > 1  # the same records under the same rule resume
+
+
 def test_preparing_the_next_step_during_this_one_changes_nothing(
     tiny_target, tiny_contract, captured_records, tmp_path
 ):

@@ -56,6 +56,12 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert stages == ["target", "data", "train", "eval", "decode", "export", "doctor"]
+    # train_from_shards (the cpu preset's path): both splits captured once, complete, trained from
+    data = json.loads((tmp_path / "run" / "data.json").read_text())["result"]
+    for split in ("train", "eval"):
+        manifest = json.loads((tmp_path / "run" / "data" / f"{split}_shards" / "manifest.json").read_text())
+        assert manifest["complete"] and manifest["num_tokens"] == data[split]["tokens"]
+        assert data[split]["capture"]["shards"] == len(manifest["shards"])
     decode = summary["decode"]["chitchat-eval"]
     assert {"plain", "eagle-chain", "eagle-tree"} <= set(decode)
     for method in ("eagle-chain", "eagle-tree"):  # float32: speculative greedy text == plain greedy text

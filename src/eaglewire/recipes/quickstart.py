@@ -117,9 +117,17 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
     return convs
 
 
+def training_data_dir(run: QuickstartRun, split: Literal["train", "eval"]) -> Path:
+    """What the train stage reads: the split's captured shards (train_from_shards) or its tokenized
+    records (the target then runs inside training)."""
+    return run.path("data", f"{split}_shards" if run.preset.train_from_shards else split)
+
+
 def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
     """Regenerate answers with the target (train and held-out eval), tokenize, choose the draft vocab."""
+    from eaglewire.data.batching import DEFAULT_MAX_BATCH_TOKENS
     from eaglewire.data.build import build_dataset
+    from eaglewire.data.capture import capture_dataset
     from eaglewire.data.formats import read_conversations
     from eaglewire.data.generation import SamplingConfig, pick_generate_fn
     from eaglewire.data.regenerate import regenerate
@@ -163,6 +171,19 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
             "regenerate_tokens_per_s": regen_tps,
             "truncated": build_stats.truncated_records,
         }
+        if p.train_from_shards:  # resumes shard by shard, like `eaglewire data capture`
+            stats = capture_dataset(
+                loaded,
+                ds,
+                training_data_dir(run, split),
+                source=f"quickstart {split}",
+                max_batch_tokens=p.capture_max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
+            )
+            out[split]["capture"] = {
+                "shards": stats.shards_written + stats.shards_resumed,
+                "bytes": stats.written_bytes,
+                "tokens_per_s": stats.tokens_per_second,
+            }
         if split == "train":
             vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
             save_draft_vocab(vocab, run.path("data", "vocab"))
@@ -192,10 +213,10 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
     vocab = load_draft_vocab(run.path("data", "vocab"))
     result = run_training(
         target=run.target,
-        data_dir=run.path("data", "train"),
+        data_dir=training_data_dir(run, "train"),
         out_dir=run.path("train"),
         config=config,
-        eval_dir=run.path("data", "eval"),
+        eval_dir=training_data_dir(run, "eval"),
         resume=run.path("train").exists(),
         draft_to_target=vocab.draft_to_target,
         draft_intermediate_size=p.draft_intermediate_size or None,

@@ -40,6 +40,8 @@ FIELD_STAGE: dict[str, str] = {
             "eval_conversations",
             "draft_vocab_size",
             "max_length",
+            "train_from_shards",
+            "capture_max_batch_tokens",
         ),
         "data",
     ),

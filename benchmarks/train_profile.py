@@ -37,7 +37,7 @@ from eaglewire.data.build import build_dataset
 from eaglewire.data.builtin import load_builtin
 from eaglewire.data.vocab import build_draft_vocab
 from eaglewire.draft.init import init_draft
-from eaglewire.recipes.quickstart import first_user_turns
+from eaglewire.recipes.quickstart_data import first_user_turns
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget, load_target
 from eaglewire.train.batches import fetch_rows

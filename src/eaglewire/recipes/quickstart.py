@@ -8,18 +8,17 @@ built-in sets' train splits, evaluation and decoding their eval splits (and MT-b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from eaglewire.data.formats import Conversation
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import QuickstartPreset
+from eaglewire.recipes.quickstart_data import stage_data, training_data_dir
 from eaglewire.recipes.resume import STAGES, check_resume, preset_json
 
 if TYPE_CHECKING:
@@ -74,121 +73,6 @@ class QuickstartRun:
         atomic_write_json(marker, {"stage": name, "seconds": seconds, "result": result})
         self.stages.append(StageLog(name, seconds, result))
         return result
-
-
-def first_user_turns(conv: Conversation, turns: int) -> Conversation:
-    """Keep the conversation up to (not including) its (turns+1)-th user message."""
-    kept, seen = [], 0
-    for m in conv.messages:
-        if m.role == "user":
-            if seen == turns:
-                break
-            seen += 1
-        kept.append(m)
-    return replace(conv, messages=tuple(kept))
-
-
-def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: Any) -> list[Conversation]:
-    from eaglewire.data.builtin import load_builtin
-
-    p = run.preset
-    train = split == "train"
-    chit = load_builtin("chitchat", split)[: p.chitchat_conversations if train else p.eval_conversations]
-    code = load_builtin("humaneval", split)[: p.humaneval_problems if train else p.eval_conversations]
-    convs = [first_user_turns(c, p.user_turns) for c in chit] + [first_user_turns(c, 1) for c in code]
-    if train and p.magpie_prompts:
-        from eaglewire.data.builtin import heldout_split
-        from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, cached_magpie_prompts
-
-        sampling = replace(DEFAULT_MAGPIE_SAMPLING, batch_size=p.regen_batch_size)
-        magpie = cached_magpie_prompts(
-            loaded,
-            run.path("data", "magpie_prompts.jsonl"),
-            p.magpie_prompts,
-            sampling=sampling,
-            opened_fraction=p.magpie_opened_fraction,
-        )
-        convs += [first_user_turns(c, 1) for c in magpie if heldout_split(c.record_id) == "train"]
-    if train and p.regenerate and p.regen_max_seconds > 0:
-        # Regeneration may stop at its time budget: a fixed order that mixes the sources keeps each
-        # of them covered (keyed by record id, so a resumed run sees the same order). Without a
-        # budget the order only changes how prompts share batches, so the sources stay grouped.
-        convs.sort(key=lambda c: hashlib.sha256(c.record_id.encode("utf-8")).hexdigest())
-    return convs
-
-
-def training_data_dir(run: QuickstartRun, split: Literal["train", "eval"]) -> Path:
-    """What the train stage reads: the split's captured shards (train_from_shards) or its tokenized
-    records (the target then runs inside training)."""
-    return run.path("data", f"{split}_shards" if run.preset.train_from_shards else split)
-
-
-def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
-    """Regenerate answers with the target (train and held-out eval), tokenize, choose the draft vocab."""
-    from eaglewire.data.batching import DEFAULT_MAX_BATCH_TOKENS
-    from eaglewire.data.build import build_dataset
-    from eaglewire.data.capture import capture_dataset
-    from eaglewire.data.formats import read_conversations
-    from eaglewire.data.generation import SamplingConfig, pick_generate_fn
-    from eaglewire.data.regenerate import regenerate
-    from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
-
-    p = run.preset
-    sampling = SamplingConfig(
-        max_new_tokens=p.regen_max_new_tokens,
-        temperature=p.regen_temperature,
-        top_p=1.0,
-        seed=0,
-        batch_size=p.regen_batch_size,
-    )
-    out: dict[str, Any] = {}
-    splits: tuple[Literal["train", "eval"], ...] = ("train", "eval")
-    for split in splits:
-        convs = _conversations(run, split, loaded)
-        regen_tps = None
-        if p.regenerate:
-            jsonl = run.path("data", f"{split}.jsonl")
-            # Prompts longer than a training row could not be trained on whole anyway.
-            max_prompt = p.max_length - p.regen_max_new_tokens
-            budget = p.regen_max_seconds if split == "train" else 0.0
-            regen_tps = regenerate(
-                loaded,
-                convs,
-                jsonl,
-                sampling,
-                max_prompt_tokens=max_prompt,
-                max_seconds=budget,
-                generate_fn=pick_generate_fn(continuous=p.regen_continuous),
-            ).tokens_per_second
-            convs, _ = read_conversations(jsonl, require_assistant=True)
-        ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
-        ds.save(run.path("data", split))
-        out[split] = {
-            "conversations": len(convs),
-            "tokens": ds.num_tokens,
-            "loss_tokens": ds.num_loss_tokens,
-            "regenerated": p.regenerate,
-            "regenerate_tokens_per_s": regen_tps,
-            "truncated": build_stats.truncated_records,
-        }
-        if p.train_from_shards:  # resumes shard by shard, like `eaglewire data capture`
-            stats = capture_dataset(
-                loaded,
-                ds,
-                training_data_dir(run, split),
-                source=f"quickstart {split}",
-                max_batch_tokens=p.capture_max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
-            )
-            out[split]["capture"] = {
-                "shards": stats.shards_written + stats.shards_resumed,
-                "bytes": stats.written_bytes,
-                "tokens_per_s": stats.tokens_per_second,
-            }
-        if split == "train":
-            vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
-            save_draft_vocab(vocab, run.path("data", "vocab"))
-            out["vocab"] = {k: v for k, v in vocab.stats.items() if isinstance(v, int | float | str)}
-    return out
 
 
 def stage_train(run: QuickstartRun) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from eaglewire.errors import DataFormatError
+from eaglewire.errors import DataFormatError, TrainingError
 from eaglewire.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -257,6 +257,19 @@ def plan_sha256(groups: Sequence[Sequence[Row]]) -> str:
             digest.update(b"r" + b",".join(b"%d:%d" % (s.record, s.length) for s in row))
         digest.update(b"|")
     return digest.hexdigest()
+
+
+def check_resumed_plan(saved: str | None, groups: Sequence[Sequence[Row]], epoch: int, group: int, where: Path) -> None:  # fmt: skip
+    """Refuse resuming checkpoint `where` at (epoch, group) when the epoch's plan is not the one it
+    saved (`saved`: its plan_sha256; None in checkpoints that kept none)."""
+    now = plan_sha256(groups)
+    if saved is not None and now != saved:
+        raise TrainingError(
+            f"{where}: epoch {epoch}'s plan of rows (sha256 {saved[:12]}) differs from this launch's "
+            f"({now[:12]}): the records, their lengths or the packing rule changed, so the saved position "
+            f"(epoch {epoch}, step {group} of it) would point at other records",
+            fix="resume with the data and eaglewire version the run started with, or start a new run (another --out)",
+        )
 
 
 def plan_groups(lengths: list[int], config: TrainConfig, *, epoch: int, world_size: int) -> list[list[Row]]:

@@ -1,5 +1,8 @@
 """The training loop: contract check, planning, TTT steps, evaluation, checkpoints, resume.
 
+(Just over 500 lines, one class: these share the Trainer's position and state; the row planning,
+the plan fingerprint, the objective and the checkpoint format already live in their own modules.)
+
 Loss scaling (why N processes equal one process with N times the batch): each step's loss is
 the sum of per-row losses divided by the number of valid rows of that step over *all* micro-
 batches of the optimizer step on *all* processes (all-reduced before any backward), times the
@@ -41,7 +44,14 @@ from eaglewire.draft.io import check_draft_matches_contract, save_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.train.batches import RecordSource, Row, plan_groups, plan_sha256, record_lengths
+from eaglewire.train.batches import (
+    RecordSource,
+    Row,
+    check_resumed_plan,
+    plan_groups,
+    plan_sha256,
+    record_lengths,
+)
 from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import (
@@ -160,17 +170,8 @@ class Trainer:
                 f"({self.ctx.world_size} processes x grad_accum_steps x batch_size); the data position would not line up",
                 fix="resume with the same number of processes, or scale batch_size to keep the product",
             )
-        saved_plan = st.get("epoch_plan_sha256")  # absent in checkpoints before 2026-12-01
-        if saved_plan is not None and st["epoch"] < len(self.plans):
-            now = plan_sha256(self.plans[st["epoch"]])
-            if now != saved_plan:
-                raise TrainingError(
-                    f"{ckpt.path}: epoch {st['epoch']}'s plan of rows (sha256 {saved_plan[:12]}) differs from this "
-                    f"launch's ({now[:12]}): the records, their lengths or the packing rule changed, so the saved "
-                    f"position (epoch {st['epoch']}, step {st['group']} of it) would point at other records",
-                    fix="resume with the data and eaglewire version the run started with, or start a new run "
-                    "(another --out)",
-                )
+        if st["epoch"] < len(self.plans):  # checkpoints before 2026-12-01 kept no plan: None
+            check_resumed_plan(st.get("epoch_plan_sha256"), self.plans[st["epoch"]], st["epoch"], st["group"], ckpt.path)  # fmt: skip
         set_optimizer_state_dict(
             self.model, self.optimizer, ckpt.optimizer_state, options=StateDictOptions(full_state_dict=True)
         )

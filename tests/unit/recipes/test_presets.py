@@ -36,7 +36,8 @@ def test_every_preset_budgets_fit_twenty_minutes():
 def test_regeneration_order_is_mixed_only_under_a_time_budget(tmp_path, budget):
     import hashlib
 
-    from eaglewire.recipes.quickstart import QuickstartRun, _conversations
+    from eaglewire.recipes.quickstart import QuickstartRun
+    from eaglewire.recipes.quickstart_data import _conversations
 
     preset = get_preset("cpu", chitchat_conversations=20, regen_max_seconds=budget)
     ids = [c.record_id for c in _conversations(QuickstartRun(preset, tmp_path), "train", None)]

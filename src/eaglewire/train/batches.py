@@ -259,11 +259,15 @@ def plan_sha256(groups: Sequence[Sequence[Row]]) -> str:
     return digest.hexdigest()
 
 
-def check_resumed_plan(saved: str | None, groups: Sequence[Sequence[Row]], epoch: int, group: int, where: Path) -> None:  # fmt: skip
+def check_resumed_plan(
+    saved: str | None, groups: Sequence[Sequence[Row]], epoch: int, group: int, where: Path
+) -> None:
     """Refuse resuming checkpoint `where` at (epoch, group) when the epoch's plan is not the one it
     saved (`saved`: its plan_sha256; None in checkpoints that kept none)."""
+    if saved is None:
+        return
     now = plan_sha256(groups)
-    if saved is not None and now != saved:
+    if now != saved:
         raise TrainingError(
             f"{where}: epoch {epoch}'s plan of rows (sha256 {saved[:12]}) differs from this launch's "
             f"({now[:12]}): the records, their lengths or the packing rule changed, so the saved position "

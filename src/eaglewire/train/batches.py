@@ -259,15 +259,18 @@ def plan_sha256(groups: Sequence[Sequence[Row]]) -> str:
     return digest.hexdigest()
 
 
+def epoch_plan_sha256(plans: Sequence[Sequence[Sequence[Row]]], epoch: int) -> str | None:
+    """plan_sha256 of `plans[epoch]`; None past the last epoch (a checkpoint taken after training)."""
+    return plan_sha256(plans[epoch]) if epoch < len(plans) else None
+
+
 def check_resumed_plan(
-    saved: str | None, groups: Sequence[Sequence[Row]], epoch: int, group: int, where: Path
+    saved: str | None, plans: Sequence[Sequence[Sequence[Row]]], epoch: int, group: int, where: Path
 ) -> None:
-    """Refuse resuming checkpoint `where` at (epoch, group) when the epoch's plan is not the one it
-    saved (`saved`: its plan_sha256; None in checkpoints that kept none)."""
-    if saved is None:
-        return
-    now = plan_sha256(groups)
-    if now != saved:
+    """Refuse resuming checkpoint `where` at (epoch, group) when that epoch's plan is not the one it
+    saved (`saved`: its epoch_plan_sha256; None in checkpoints before 2026-12-01, which kept none)."""
+    now = epoch_plan_sha256(plans, epoch)
+    if saved is not None and now is not None and now != saved:
         raise TrainingError(
             f"{where}: epoch {epoch}'s plan of rows (sha256 {saved[:12]}) differs from this launch's "
             f"({now[:12]}): the records, their lengths or the packing rule changed, so the saved position "

@@ -48,8 +48,8 @@ from eaglewire.train.batches import (
     RecordSource,
     Row,
     check_resumed_plan,
+    epoch_plan_sha256,
     plan_groups,
-    plan_sha256,
     record_lengths,
 )
 from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
@@ -170,8 +170,7 @@ class Trainer:
                 f"({self.ctx.world_size} processes x grad_accum_steps x batch_size); the data position would not line up",
                 fix="resume with the same number of processes, or scale batch_size to keep the product",
             )
-        if st["epoch"] < len(self.plans):  # checkpoints before 2026-12-01 kept no plan: None
-            check_resumed_plan(st.get("epoch_plan_sha256"), self.plans[st["epoch"]], st["epoch"], st["group"], ckpt.path)  # fmt: skip
+        check_resumed_plan(st.get("epoch_plan_sha256"), self.plans, st["epoch"], st["group"], ckpt.path)
         set_optimizer_state_dict(
             self.model, self.optimizer, ckpt.optimizer_state, options=StateDictOptions(full_state_dict=True)
         )
@@ -339,9 +338,7 @@ class Trainer:
                     "total_steps": self.total_steps,
                     "rows_per_step": self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size,
                     "world_size": self.ctx.world_size,
-                    "epoch_plan_sha256": plan_sha256(self.plans[self.epoch])
-                    if self.epoch < len(self.plans)
-                    else None,
+                    "epoch_plan_sha256": epoch_plan_sha256(self.plans, self.epoch),
                     "scheduler": {
                         "kind": "warmup_cosine",
                         "step": self.step,

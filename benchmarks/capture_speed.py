@@ -158,6 +158,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run the writer rows and capture_dataset into this folder (e.g. a RAM-backed one, "
         "to separate the disk from the capture); rows suffixed _second; the goal stays on --work",
     )
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0005,
+        help="also run capture_dataset (on --work) with sys.setswitchinterval(this) as the row "
+        "capture_dataset_switch: a shorter GIL switch interval than the default 5 ms shows whether "
+        "the writer threads wait for the GIL behind the launching thread; 0 = not run",
+    )
     p.add_argument("--out", type=Path, default=Path("capture_speed.json"), help="JSON results")
     return p.parse_args(argv)
 
@@ -550,6 +558,13 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(end_to_end)
     if args.second_work is not None:
         rows.append(dataset_row("capture_dataset_second", target, ds, source, args.second_work, args))
+    if args.switch_interval > 0:  # a diagnosis row: the library never changes the interpreter's setting
+        default_interval = sys.getswitchinterval()
+        sys.setswitchinterval(args.switch_interval)
+        try:
+            rows.append(dataset_row("capture_dataset_switch", target, ds, source, work_root, args))
+        finally:
+            sys.setswitchinterval(default_interval)
 
     # the goal's baseline: the fastest prefill
     baseline = max((r for r in rows if r["name"].startswith("prefill")), key=lambda r: r["tokens_per_s"])

@@ -28,11 +28,13 @@
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
 #   loop_profile benchmarks/loop_profile.py: a round's components, and wall vs GPU kernel time per decoding step
 #   train_profile benchmarks/train_profile.py: a training step's phases and kernels
+#   label_ab    benchmarks/label_ab.py: the quickstart's draft continued with soft vs hard labels
+#               (hard_label_weight 0 and 1, LABEL_AB_SECONDS each), scored by the held-out replay
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, TRAIN_PROFILE_ARGS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -250,6 +252,20 @@ do_sweep() {
     "${predict[@]}" --out "$sweep_out"
 }
 
+do_label_ab() {
+  local d
+  d=$(draft_dir) || { say "no trained draft ($qs/train.json missing): label_ab skipped"; return 1; }
+  [ -f "$results/label_ab.json" ] && { say "label_ab results exist"; return 0; }
+  local sizes=()
+  [ "$TINY" = 1 ] && sizes=(--batch-size 2 --max-length 256 --ttt-steps 3 --tree 3,2,6 --horizon 16)
+  # shellcheck disable=SC2086 # LABEL_AB_ARGS: extra flags, word-split on purpose
+  timeout "${LABEL_AB_TIMEOUT_S:-330}" "$PY" benchmarks/label_ab.py --target "$target" --data "$qs/data/train" \
+    --eval-data "$qs/data/eval" --draft "$d" --seconds "${LABEL_AB_SECONDS:-90}" "${sizes[@]}" \
+    --work "$runs/label_ab" --out "$results/label_ab.json" ${LABEL_AB_ARGS:-} 2>&1 | grep -v "Loading weights" \
+    | tail -n 20 | tee "$results/label_ab.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 do_export() {
   local d fmt rc=0
   d=$(draft_dir) || { say "no trained draft: export skipped"; return 1; }
@@ -269,7 +285,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | train_profile | quickstart | sweep | export | gpu_tests) step "$name" "do_$name" ;;
+    draft_speed | capture | loop_profile | train_profile | quickstart | label_ab | sweep | export | gpu_tests) step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac
 done

@@ -113,6 +113,11 @@ def quickstart(
     draft_intermediate_size: int = typer.Option(
         None, "--draft-intermediate-size", help="override: the draft layer's MLP width (0 = the target's)"
     ),
+    hard_label_weight: float = typer.Option(
+        None,
+        "--hard-label-weight",
+        help="override: share of the training label on the target's argmax token (0 = soft labels)",
+    ),
     epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
     batch_size: int = typer.Option(None, "--batch-size", help="override: training rows per optimizer step"),
     learning_rate: float = typer.Option(
@@ -151,6 +156,7 @@ def quickstart(
         magpie_opened_fraction=magpie_opened_fraction,
         draft_vocab_size=draft_vocab_size,
         draft_intermediate_size=draft_intermediate_size,
+        hard_label_weight=hard_label_weight,
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,

@@ -16,6 +16,7 @@ from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_
 # CLI flag -> TrainConfig field. Only flags given on the command line override the config.
 _OVERRIDES = {
     "ttt_steps": "ttt_steps",
+    "hard_label_weight": "hard_label_weight",
     "epochs": "epochs",
     "max_steps": "max_steps",
     "batch_size": "batch_size",
@@ -59,6 +60,11 @@ def train_command(
         help="without --draft-init: the draft layer's MLP width (default: the target's)",
     ),
     ttt_steps: int = typer.Option(None, "--ttt-steps", help="unrolled steps S (default 7)"),
+    hard_label_weight: float = typer.Option(
+        None,
+        "--hard-label-weight",
+        help="share of the label on the target's argmax token, 0..1 (default 0: soft labels)",
+    ),
     epochs: int = typer.Option(None, "--epochs"),
     max_steps: int = typer.Option(None, "--max-steps", help="cap on optimizer steps (0 = epochs decide)"),
     batch_size: int = typer.Option(None, "--batch-size", help="rows per micro-batch per process"),

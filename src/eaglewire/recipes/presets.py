@@ -85,6 +85,11 @@ class QuickstartPreset:
         "with train_from_shards: tokens per capture forward (0 = the capture's default)",
         default=0,
     )
+    hard_label_weight: float = help_field(
+        "share of the training label put on the target's argmax token (TrainConfig.hard_label_weight; "
+        "0 = EAGLE-3's soft labels)",
+        default=0.0,  # not yet measured on a GPU: greedy serving accepts only the argmax
+    )
 
     def __post_init__(self) -> None:
         outside = [s for s in (*self.hf_baseline_sets, *self.whole_sets) if s not in self.prompt_sets]
@@ -100,6 +105,10 @@ class QuickstartPreset:
             )
         if self.user_turns < 1:
             raise ConfigError(f"preset {self.name!r}: user_turns must be >= 1, got {self.user_turns}")
+        if not 0.0 <= self.hard_label_weight <= 1.0:
+            raise ConfigError(
+                f"preset {self.name!r}: hard_label_weight must be within 0..1, got {self.hard_label_weight}"
+            )
         if not 0.0 <= self.magpie_opened_fraction <= 1.0:
             raise ConfigError(
                 f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"

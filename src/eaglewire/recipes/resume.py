@@ -54,6 +54,7 @@ FIELD_STAGE: dict[str, str] = {
             "train_max_seconds",
             "train_compile",
             "draft_intermediate_size",
+            "hard_label_weight",
         ),
         "train",
     ),

@@ -36,6 +36,13 @@ class TrainConfig:
         "'kl': the same minus the target entropy (same gradient, reaches 0 at a perfect match)",
         default="soft_ce",
     )
+    hard_label_weight: float = help_field(
+        "w in 0..1: the label is (1 - w) * the target's distribution + w * a one-hot on its argmax "
+        "token. 0 = EAGLE-3's soft labels (right for sampling); greedy serving accepts exactly the "
+        "argmax, and w = 1 trains the draft's probabilities to be the chance that a token is that "
+        "argmax, which is what chain and tree drafting rank by",
+        default=0.0,
+    )
     # --- optimisation ---
     learning_rate: float = help_field("peak AdamW learning rate", default=1e-4)
     min_lr_ratio: float = help_field("cosine decays to learning_rate*min_lr_ratio", default=0.0)
@@ -109,6 +116,8 @@ class TrainConfig:
                 raise ConfigError(f"{name}: expected an integer >= 0, got {getattr(self, name)}")
         if not 0.0 < self.step_weight_decay <= 1.0:
             raise ConfigError(f"step_weight_decay: expected 0 < value <= 1, got {self.step_weight_decay}")
+        if not 0.0 <= self.hard_label_weight <= 1.0:
+            raise ConfigError(f"hard_label_weight: expected 0 <= value <= 1, got {self.hard_label_weight}")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate: expected > 0, got {self.learning_rate}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -141,7 +141,13 @@ class Trainer:
         if ckpt is not None:
             draft.load_state_dict(ckpt.model_state)
         self.draft = draft
-        objective = TTTObjective(draft, config.ttt_steps, config.loss, compile=config.compile)
+        objective = TTTObjective(
+            draft,
+            config.ttt_steps,
+            config.loss,
+            hard_label_weight=config.hard_label_weight,
+            compile=config.compile,
+        )
         self.model = wrap_model(objective, ctx, config.parallel)
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config)

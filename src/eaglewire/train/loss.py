@@ -87,6 +87,7 @@ def step_outcome(
     chain_ok: torch.Tensor,
     *,
     kind: Literal["soft_ce", "kl"] = "soft_ce",
+    hard_label_weight: float = 0.0,
     rows: torch.Tensor | None = None,
     scored: torch.Tensor | None = None,
 ) -> StepOutcome:
@@ -97,7 +98,9 @@ def step_outcome(
     index costs no device->host sync, a boolean mask does); derived from `valid` when None.
 
     The loss is taken over the valid rows whose target argmax is in the draft vocabulary; the
-    others (out of vocabulary) contribute exactly 0 to the sum and to the gradient. `correct` is
+    others (out of vocabulary) contribute exactly 0 to the sum and to the gradient.
+    `hard_label_weight` w mixes the label: (1 - w) * the target's distribution + w * a one-hot on
+    its argmax token (see `TrainConfig.hard_label_weight`). `correct` is
     computed where there are logits (False elsewhere)."""
     B, T = valid.shape
     if rows is None:
@@ -114,9 +117,17 @@ def step_outcome(
     # -sum(p * log_softmax(z)) = logsumexp(z) - p.z, since p sums to 1: no [N, Vd] log-probabilities
     # or products are materialised, and the gradient is softmax(z) - p (elementwise kernels outweighed
     # the matrix products in an H200 profile of a step; these are the largest tensors a step touches)
-    per_row = torch.logsumexp(z, dim=-1) - torch.linalg.vecdot(probs, z)  # [N]
-    if kind == "kl":
-        per_row = per_row + torch.special.xlogy(probs, probs).sum(-1)
+    label_dot_z = torch.linalg.vecdot(probs, z)  # [N]
+    if hard_label_weight:
+        at_token = z.gather(1, target.token.reshape(-1)[rows][:, None]).squeeze(1)  # [N]
+        label_dot_z = (1.0 - hard_label_weight) * label_dot_z + hard_label_weight * at_token
+    per_row = torch.logsumexp(z, dim=-1) - label_dot_z  # [N]
+    if kind == "kl":  # minus the entropy of the same (mixed) label, so a perfect match scores 0
+        mixed = (1.0 - hard_label_weight) * probs
+        mixed = mixed.scatter_add(
+            1, target.token.reshape(-1)[rows][:, None], torch.full_like(mixed[:, :1], hard_label_weight)
+        )
+        per_row = per_row + torch.special.xlogy(mixed, mixed).sum(-1)
     loss_sum = torch.where(draftable, per_row, torch.zeros_like(per_row)).sum()
     with torch.no_grad():
         if scored is None:

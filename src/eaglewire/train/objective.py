@@ -53,12 +53,14 @@ class TTTObjective(nn.Module):
         num_steps: int,
         kind: Literal["soft_ce", "kl"] = "soft_ce",
         *,
+        hard_label_weight: float = 0.0,
         compile: bool = False,
     ) -> None:
         super().__init__()
         self.draft = draft
         self.num_steps = num_steps
         self.kind: Literal["soft_ce", "kl"] = kind
+        self.hard_label_weight = hard_label_weight
         self._forward: Callable[..., DraftOutput] | None = (
             torch.compile(draft.forward, dynamic=True, backend=COMPILE_BACKEND) if compile else None
         )
@@ -96,7 +98,14 @@ class TTTObjective(nn.Module):
                     scored = rows.scored[s]
                     logits = self.draft.compute_logits(out.hidden.reshape(B * T, -1)[scored])  # [M, Vd]
                 res = step_outcome(
-                    logits, target, rows.valid[s], chain_ok, kind=self.kind, rows=rows.index[s], scored=scored
+                    logits,
+                    target,
+                    rows.valid[s],
+                    chain_ok,
+                    kind=self.kind,
+                    hard_label_weight=self.hard_label_weight,
+                    rows=rows.index[s],
+                    scored=scored,
                 )
                 losses.append(res.loss_sum)
                 counts.append(res.counts)

@@ -92,3 +92,34 @@ def test_rank_and_conditional_accuracy():
     assert summary["cond_acc"] == [2 / 3, 0.5]
     assert summary["valid_rows"] == [3, 3]
     assert math.isfinite(summary["loss"])
+
+
+def test_hard_label_weight_mixes_the_label_with_a_one_hot_on_the_target_argmax():
+    dist = restrict_target_logits(hand_target(), D2T, T2D)
+    draft_logits = torch.tensor([[[0.0, 2.0, 1.0], [5.0, 0.0, 0.0], [0.0, 3.0, 1.0], [4.0, 0.0, 0.0]]])
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    chain = torch.ones_like(valid)
+    logq = torch.log_softmax(draft_logits, -1)[0, [0, 2]]  # the two in-vocab rows
+    soft = -(dist.probs[0, [0, 2]] * logq).sum()
+    hard = torch.nn.functional.cross_entropy(
+        draft_logits[0, [0, 2]], dist.token[0, [0, 2]], reduction="sum"
+    )  # against draft tokens 1 and 2
+    for w in (0.0, 0.3, 1.0):
+        out = step_outcome(draft_logits, dist, valid, chain, hard_label_weight=w)
+        torch.testing.assert_close(out.loss_sum, (1 - w) * soft + w * hard)
+    # kl subtracts the mixed label's entropy: a draft that puts exactly that label scores 0
+    label = 0.4 * dist.probs[0, [0, 2]] + 0.6 * torch.nn.functional.one_hot(dist.token[0, [0, 2]], 3)
+    exact = torch.zeros(1, 4, 3)
+    exact[0, [0, 2]] = label.log()
+    out = step_outcome(exact, dist, valid, chain, kind="kl", hard_label_weight=0.6)
+    torch.testing.assert_close(out.loss_sum, torch.tensor(0.0), atol=1e-6, rtol=0)
+
+
+def test_hard_label_weight_outside_0_to_1_is_refused_naming_the_field():
+    import pytest
+
+    from eaglewire.errors import ConfigError
+    from eaglewire.train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="hard_label_weight.*1.5"):
+        TrainConfig(hard_label_weight=1.5)

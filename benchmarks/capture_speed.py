@@ -166,6 +166,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "capture_dataset_switch: a shorter GIL switch interval than the default 5 ms shows whether "
         "the writer threads wait for the GIL behind the launching thread; 0 = not run",
     )
+    p.add_argument(
+        "--pace-batches",
+        default="1,2",
+        help="also run capture_dataset (on --work) with each of these pace_batches (rows "
+        "capture_dataset_pace<N>: the host at most N batches ahead of the GPU); '' = none",
+    )
     p.add_argument("--out", type=Path, default=Path("capture_speed.json"), help="JSON results")
     return p.parse_args(argv)
 
@@ -340,6 +346,7 @@ def dataset_row(
     source: str,
     work_root: Path,
     args: argparse.Namespace,
+    pace_batches: int = 0,
 ) -> dict[str, Any]:
     """`capture_dataset` end to end, --dataset-repeats times, each into a fresh folder under
     `work_root` (median of the library's own CaptureStats.seconds; wall_s around the whole call)."""
@@ -359,6 +366,7 @@ def dataset_row(
                 write_workers=args.write_workers,
                 source=source,
                 show_progress=False,
+                pace_batches=pace_batches,
             )
             runs.append((stats, time.perf_counter() - t0))
         finally:
@@ -369,7 +377,8 @@ def dataset_row(
         name,
         stats.tokens,
         [s.seconds for s, _ in runs],
-        f"eaglewire data capture's library call: + shards written under {work_root}",
+        f"eaglewire data capture's library call: + shards written under {work_root}"
+        + (f", the host at most {pace_batches} batches ahead of the GPU" if pace_batches else ""),
     )
     wall = statistics.median(w for _, w in runs)
     out.update(
@@ -558,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(end_to_end)
     if args.second_work is not None:
         rows.append(dataset_row("capture_dataset_second", target, ds, source, args.second_work, args))
+    for depth in [int(x) for x in args.pace_batches.split(",") if x.strip()]:
+        rows.append(dataset_row(f"capture_dataset_pace{depth}", target, ds, source, work_root, args, depth))
     if args.switch_interval > 0:  # a diagnosis row: the library never changes the interpreter's setting
         default_interval = sys.getswitchinterval()
         sys.setswitchinterval(args.switch_interval)

@@ -56,6 +56,22 @@ def test_copy_stream_records_equal_a_synchronous_read_back(tmp_path) -> None:
     for i in range(len(dataset)):
         torch.testing.assert_close(on_cuda[i].aux, on_cpu[i].aux, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(on_cuda[i].final, on_cpu[i].final, atol=1e-4, rtol=1e-4)
+    for depth in (1, 2):  # the host kept 1 or 2 batches ahead of the GPU: the same shards' values
+        paced = tmp_path / f"paced{depth}"
+        stats = capture_dataset(
+            target,
+            dataset,
+            paced,
+            shard_records=5,
+            batch_size=BATCH_SIZE,
+            show_progress=False,
+            pace_batches=depth,
+        )
+        assert stats.pace_wait_seconds >= 0 and stats.records == len(dataset)
+        on_paced = ShardDataset(paced)
+        for i in range(len(dataset)):
+            assert torch.equal(on_paced[i].aux, on_cuda[i].aux), (depth, i)
+            assert torch.equal(on_paced[i].final, on_cuda[i].final), (depth, i)
 
 
 def test_bf16_padded_batches_without_a_mask_equal_each_record_alone() -> None:

@@ -241,6 +241,12 @@ def capture_cmd(
     write_workers: int = typer.Option(
         8, "--write-workers", help="threads writing shards while the target computes the next ones"
     ),
+    pace_batches: int = typer.Option(
+        0,
+        "--pace-batches",
+        help="keep the launches at most N batches ahead of the GPU, so the writer threads get the GIL "
+        "while the host waits (0 = never wait)",
+    ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -267,6 +273,7 @@ def capture_cmd(
         source=str(dataset),
         show_progress=progress,
         write_workers=write_workers,
+        pace_batches=pace_batches,
     )
     print_table(
         f"shards written to {out}",

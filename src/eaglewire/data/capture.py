@@ -54,7 +54,8 @@ class CaptureStats:
     seconds: float = 0.0
     # Where the calling thread's wall time went (they add up to about `seconds`) and what the
     # others did meanwhile: the next run's profile without a profiler.
-    launch_seconds: float = 0.0  # queuing windows' forwards and copies
+    launch_seconds: float = 0.0  # queuing windows' forwards and copies (pace_wait included)
+    pace_wait_seconds: float = 0.0  # waiting, without the GIL, for the GPU to catch up (ForwardPacer)
     copy_wait_seconds: float = 0.0  # waiting for a window's copies to reach the host
     writer_wait_seconds: float = 0.0  # waiting for writers, to bound the shards held in memory
     drain_seconds: float = 0.0  # after the last window was handed over, until every shard was written
@@ -68,7 +69,7 @@ class CaptureStats:
     def phases(self) -> str:
         """One log line's worth: the calling thread's phases, the GPU's and the writers' time."""
         return (
-            f"launch {self.launch_seconds:.2f}s, copy wait {self.copy_wait_seconds:.2f}s, writer wait "
+            f"launch {self.launch_seconds:.2f}s (pace wait {self.pace_wait_seconds:.2f}s), copy wait {self.copy_wait_seconds:.2f}s, writer wait "
             f"{self.writer_wait_seconds:.2f}s, drain {self.drain_seconds:.2f}s; GPU forwards "
             f"{self.gpu_forward_seconds:.2f}s; writers {self.writer_thread_seconds:.2f} thread-s"
         )
@@ -114,6 +115,37 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+class ForwardPacer:
+    """Keeps the host at most `depth` batches ahead of the GPU: before a batch's forward is launched,
+    waits until the forward launched `depth` batches earlier has finished (depth 0: never waits).
+
+    Why: a torch kernel launch holds the GIL, and once CUDA's launch queue is full (about a
+    thousand kernels, one forward of a 30-layer target) the launch blocks inside the driver still
+    holding it. The shard-writer threads need the GIL between every chunk they hash and write, so
+    while the GPU is behind they all stand still. `torch.cuda.Event.synchronize` waits without the
+    GIL, and the writers run meanwhile."""
+
+    def __init__(self, depth: int) -> None:
+        if depth < 0:
+            raise ConfigError(f"pace_batches: expected >= 0 (0 = never wait for the GPU), got {depth}")
+        self.depth = depth
+        self.unfinished: deque[torch.cuda.Event] = deque()  # forwards launched, oldest first
+        self.waited_seconds = 0.0
+
+    def before_launch(self) -> None:
+        if self.depth and len(self.unfinished) >= self.depth:
+            t = time.perf_counter()
+            while len(self.unfinished) >= self.depth:
+                self.unfinished.popleft().synchronize()  # releases the GIL
+            self.waited_seconds += time.perf_counter() - t
+
+    def after_launch(self, device: torch.device) -> None:
+        if self.depth and device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            self.unfinished.append(done)
 
 
 @dataclass
@@ -183,6 +215,7 @@ def launch_records(
     batch_size: int,
     max_batch_tokens: int,
     copy_stream: torch.cuda.Stream | None = None,
+    pacer: ForwardPacer | None = None,
 ) -> LaunchedRecords:
     """Run the target over `indices` of `dataset` and start copying the contract's states to the
     host, without waiting for the copies (on CUDA the forwards are queued too): `.records()` waits.
@@ -190,7 +223,8 @@ def launch_records(
     Batches are right-padded and get no padding mask: under causal attention a real token never
     attends to the padding after it, so its states are the same as unpadded, and without a mask
     SDPA may pick flash attention (no per-shape plans, unlike cuDNN; faster than the masked kernels).
-    On CUDA each batch's copy goes to pinned host memory on `copy_stream` (one is made if None)."""
+    On CUDA each batch's copy goes to pinned host memory on `copy_stream` (one is made if None);
+    `pacer` bounds how far the launches run ahead of the GPU (across calls: it keeps its events)."""
     recs = [dataset[i] for i in indices]
     lengths = [int(r.input_ids.numel()) for r in recs]
     device = target.device
@@ -205,6 +239,8 @@ def launch_records(
             ids[row, : lengths[i]] = recs[i].input_ids
         if on_cuda:
             ids = ids.pin_memory()
+        if pacer is not None:
+            pacer.before_launch()
         try:
             states = capture(
                 target.model,
@@ -218,6 +254,8 @@ def launch_records(
                 f"tokens, max_batch_tokens {max_batch_tokens}, batch_size {batch_size}) ran out of memory on {device}",
                 fix="rerun the same command with a smaller --max-batch-tokens (shards already written are kept and skipped)",
             ) from e
+        if pacer is not None:
+            pacer.after_launch(device)
         queued.append((group, _to_host(states.aux, states.final, copy_stream)))
     return LaunchedRecords(recs, lengths, queued)
 
@@ -252,6 +290,7 @@ def capture_dataset(
     show_progress: bool = True,
     write_workers: int = 8,
     window_tokens: int | None = None,
+    pace_batches: int = 0,
 ) -> CaptureStats:
     """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
 
@@ -261,9 +300,12 @@ def capture_dataset(
     to `write_workers` threads stream earlier shards to disk and sha256 (held in memory: the shards
     being written, at most write_workers once a window has been handed over, plus the window being
     copied to the host and the one being captured; writing adds no copy of them), so disk and
-    sha256 time overlap the target's forwards instead of adding to them."""
+    sha256 time overlap the target's forwards instead of adding to them. `pace_batches` > 0 keeps
+    the launches at most that many batches ahead of the GPU (`ForwardPacer` says why)."""
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
+    if pace_batches < 0:
+        raise ConfigError(f"pace_batches: expected >= 0 (0 = never wait for the GPU), got {pace_batches}")
     if window_tokens is not None and window_tokens < 1:
         raise ConfigError(f"window_tokens must be >= 1 (or None for the default), got {window_tokens}")
     want = dataset.meta.get("tokenizer_hash")
@@ -343,6 +385,7 @@ def capture_dataset(
 
     on_cuda = target.device.type == "cuda"
     copy_stream = torch.cuda.Stream(target.device) if on_cuda else None
+    pacer = ForwardPacer(pace_batches)
     forward_spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # per window, compute stream
     pending: deque[Future[ShardInfo]] = deque()
     writer_seconds: list[float] = []  # per shard written; list.append is atomic across threads
@@ -387,6 +430,7 @@ def capture_dataset(
                     batch_size=batch_size,
                     max_batch_tokens=max_batch_tokens,
                     copy_stream=copy_stream,
+                    pacer=pacer,
                 )
             except BaseException:
                 if in_flight is not None:  # captured already: keep it for the resumed run
@@ -418,6 +462,7 @@ def capture_dataset(
         torch.cuda.current_stream(target.device).synchronize()
         stats.gpu_forward_seconds = sum(a.elapsed_time(b) for a, b in forward_spans) / 1000
     stats.writer_thread_seconds = sum(writer_seconds)
+    stats.pace_wait_seconds = pacer.waited_seconds
     bar.close()
     stats.seconds = time.perf_counter() - start
     writer.finish(

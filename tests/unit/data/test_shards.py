@@ -252,3 +252,21 @@ def test_capture_stats_break_the_wall_time_down_by_phase(
     recorded = json.loads((out / MANIFEST_FILE).read_text())["capture_stats"]
     assert recorded["writer_thread_seconds"] == stats.writer_thread_seconds
     assert "writer wait" in stats.phases() and "drain" in stats.phases()
+
+
+def test_pacing_the_launches_changes_no_shard_and_refuses_a_negative_depth(
+    tmp_path: Path, target, dataset: TokenizedDataset
+) -> None:  # type: ignore[no-untyped-def]
+    """pace_batches only makes the host wait for the GPU (no events on a CPU): the same shard files;
+    a negative depth is refused naming the argument before anything is written."""
+    plain, paced = tmp_path / "plain", tmp_path / "paced"
+    capture_dataset(target, dataset, plain, shard_records=3, batch_size=4, show_progress=False)
+    stats = capture_dataset(target, dataset, paced, shard_records=3, batch_size=4, show_progress=False, pace_batches=1)  # fmt: skip
+    assert stats.pace_wait_seconds == 0.0 and "pace wait" in stats.phases()
+    shards = sorted(p.name for p in plain.glob("*.safetensors"))
+    assert shards == sorted(p.name for p in paced.glob("*.safetensors")) and shards
+    for name in shards:
+        assert (plain / name).read_bytes() == (paced / name).read_bytes(), name
+    with pytest.raises(ConfigError, match="pace_batches.*-1"):
+        capture_dataset(target, dataset, tmp_path / "bad", show_progress=False, pace_batches=-1)
+    assert not (tmp_path / "bad").exists()

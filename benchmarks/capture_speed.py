@@ -88,7 +88,7 @@ GOAL_RATIO = 0.70  # issue 4: capture tokens/s >= 70% of pure prefill tokens/s
 CAPTURE_DEFAULTS = {
     k: v.default
     for k, v in inspect.signature(capture_dataset).parameters.items()
-    if k in ("batch_size", "max_batch_tokens", "shard_records", "write_workers")
+    if k in ("batch_size", "max_batch_tokens", "shard_records", "write_workers", "pace_batches")
 }
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]  # ids [B, T], attention mask [B, T], real tokens
@@ -168,9 +168,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--pace-batches",
-        default="1,2",
+        default="0,1",
         help="also run capture_dataset (on --work) with each of these pace_batches (rows "
-        "capture_dataset_pace<N>: the host at most N batches ahead of the GPU); '' = none",
+        "capture_dataset_pace<N>: the host at most N batches ahead of the GPU, 0 = unbounded; the row "
+        f"capture_dataset has the library's {CAPTURE_DEFAULTS['pace_batches']}); '' = none",
     )
     p.add_argument("--out", type=Path, default=Path("capture_speed.json"), help="JSON results")
     return p.parse_args(argv)
@@ -346,7 +347,7 @@ def dataset_row(
     source: str,
     work_root: Path,
     args: argparse.Namespace,
-    pace_batches: int = 0,
+    pace_batches: int = CAPTURE_DEFAULTS["pace_batches"],
 ) -> dict[str, Any]:
     """`capture_dataset` end to end, --dataset-repeats times, each into a fresh folder under
     `work_root` (median of the library's own CaptureStats.seconds; wall_s around the whole call)."""
@@ -378,7 +379,11 @@ def dataset_row(
         stats.tokens,
         [s.seconds for s, _ in runs],
         f"eaglewire data capture's library call: + shards written under {work_root}"
-        + (f", the host at most {pace_batches} batches ahead of the GPU" if pace_batches else ""),
+        + (
+            f", the host at most {pace_batches} batches ahead of the GPU"
+            if pace_batches
+            else ", launches unbounded"
+        ),
     )
     wall = statistics.median(w for _, w in runs)
     out.update(

@@ -13,6 +13,10 @@ prediction of the measured tau (BENCHMARKS.md: within 0.4-7% of it on every H200
         --draft RUN/train/draft --weights 0,1 --seconds 90 --out label_ab.json     # on the GPU
     python benchmarks/label_ab.py --data ... --seconds 20 --device cpu ...           # CPU check
 
+H200 run 10 (BENCHMARKS.md 2j): from a hard-label draft, 60 s more of hard labels predicted chain
+3.03 and soft 2.96 (start 2.99), while the served trees of the hard-label draft were shorter than
+the soft-label run 9's on code and MT-bench.
+
 The continuation with weight 0 is the control: it trains as long as the others with the labels the
 start was trained on (when the start was soft), so extra training alone is not mistaken for the
 label's effect.

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
-from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
+from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PACE_BATCHES
 
 data_app = typer.Typer(
     help="Training data: regenerate answers, tokenize, vocab map, capture, import.", no_args_is_help=True
@@ -242,7 +242,7 @@ def capture_cmd(
         8, "--write-workers", help="threads writing shards while the target computes the next ones"
     ),
     pace_batches: int = typer.Option(
-        0,
+        DEFAULT_PACE_BATCHES,
         "--pace-batches",
         help="keep the launches at most N batches ahead of the GPU, so the writer threads get the GIL "
         "while the host waits (0 = never wait)",

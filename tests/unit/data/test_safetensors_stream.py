@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eaglewire.data.safetensors_stream import STREAM_CHUNK_BYTES, write_safetensors_stream
+from eaglewire.data import safetensors_stream
+from eaglewire.data.safetensors_stream import write_all, write_safetensors_stream
 from eaglewire.errors import DataFormatError
 
 
@@ -57,9 +59,9 @@ def test_roundtrip_equals_cat(tmp_path: Path, dtype: torch.dtype, rest: tuple[in
         assert torch.equal(f.get_slice("a")[2:9], torch.cat(tensors["a"])[2:9])
 
 
-def test_non_contiguous_parts_and_chunking(tmp_path: Path) -> None:
-    """Parts that are strided views, and parts bigger than one hash/write chunk."""
-    big = torch.randn(STREAM_CHUNK_BYTES // 4 + 37, 3)  # [n, 3] f32: > 2 chunks of bytes
+def test_non_contiguous_and_large_parts(tmp_path: Path) -> None:
+    """Parts that are strided views, and parts of several MiB (each hashed and written whole)."""
+    big = torch.randn((3 << 20) // 4 + 37, 3)  # [n, 3] f32: ~9 MiB
     strided = big.t().contiguous().t()  # same values, column-major
     parts = [big[:, 1:], big[:, :2].contiguous(), strided[:5, :2], torch.randn(4, 6)[:, ::3]]
     assert not parts[0].is_contiguous() and not parts[2].is_contiguous() and not parts[3].is_contiguous()
@@ -67,6 +69,25 @@ def test_non_contiguous_parts_and_chunking(tmp_path: Path) -> None:
     size, digest = write_safetensors_stream(path, {"x": parts})
     assert torch.equal(load_file(str(path))["x"], torch.cat(parts))
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest() and size == path.stat().st_size
+
+
+def test_write_all_continues_after_short_writes_and_groups_by_iov_max(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A writev that moves only part of its buffers (as one past ~2 GiB does on Linux) is continued
+    where it stopped, inside a buffer or between two; at most iov_max buffers go per call."""
+    real = os.writev
+    calls: list[int] = []
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        return real(fd, [b"".join(bytes(b) for b in buffers)[:7]])  # at most 7 bytes a call
+
+    monkeypatch.setattr(safetensors_stream.os, "writev", short_writev)
+    chunks = [bytes(range(i, i + n)) for i, n in enumerate([5, 0, 9, 1, 16, 3])]
+    path = tmp_path / "w.bin"
+    with open(path, "wb", buffering=0) as f:
+        write_all(f.fileno(), [memoryview(c) for c in chunks], iov_max=2)
+    assert path.read_bytes() == b"".join(chunks)
+    assert max(calls) <= 2 and len(calls) == -(-sum(map(len, chunks)) // 7)
 
 
 def test_no_metadata(tmp_path: Path) -> None:

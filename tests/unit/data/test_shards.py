@@ -260,7 +260,7 @@ def test_pacing_the_launches_changes_no_shard_and_refuses_a_negative_depth(
     """pace_batches only makes the host wait for the GPU (no events on a CPU): the same shard files;
     a negative depth is refused naming the argument before anything is written."""
     plain, paced = tmp_path / "plain", tmp_path / "paced"
-    capture_dataset(target, dataset, plain, shard_records=3, batch_size=4, show_progress=False)
+    capture_dataset(target, dataset, plain, shard_records=3, batch_size=4, show_progress=False, pace_batches=0)  # fmt: skip
     stats = capture_dataset(target, dataset, paced, shard_records=3, batch_size=4, show_progress=False, pace_batches=1)  # fmt: skip
     assert stats.pace_wait_seconds == 0.0 and "pace wait" in stats.phases()
     shards = sorted(p.name for p in plain.glob("*.safetensors"))

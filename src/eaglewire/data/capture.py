@@ -306,8 +306,7 @@ def capture_dataset(
     the launches at most that many batches ahead of the GPU (`ForwardPacer` says why)."""
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
-    if pace_batches < 0:
-        raise ConfigError(f"pace_batches: expected >= 0 (0 = never wait for the GPU), got {pace_batches}")
+    pacer = ForwardPacer(pace_batches)  # checks pace_batches before anything is written
     if window_tokens is not None and window_tokens < 1:
         raise ConfigError(f"window_tokens must be >= 1 (or None for the default), got {window_tokens}")
     want = dataset.meta.get("tokenizer_hash")
@@ -387,7 +386,6 @@ def capture_dataset(
 
     on_cuda = target.device.type == "cuda"
     copy_stream = torch.cuda.Stream(target.device) if on_cuda else None
-    pacer = ForwardPacer(pace_batches)
     forward_spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # per window, compute stream
     pending: deque[Future[ShardInfo]] = deque()
     writer_seconds: list[float] = []  # per shard written; list.append is atomic across threads

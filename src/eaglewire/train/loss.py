@@ -117,17 +117,20 @@ def step_outcome(
     # -sum(p * log_softmax(z)) = logsumexp(z) - p.z, since p sums to 1: no [N, Vd] log-probabilities
     # or products are materialised, and the gradient is softmax(z) - p (elementwise kernels outweighed
     # the matrix products in an H200 profile of a step; these are the largest tensors a step touches)
+    label = probs  # [N, Vd]
     label_dot_z = torch.linalg.vecdot(probs, z)  # [N]
     if hard_label_weight:
-        at_token = z.gather(1, target.token.reshape(-1)[rows][:, None]).squeeze(1)  # [N]
-        label_dot_z = (1.0 - hard_label_weight) * label_dot_z + hard_label_weight * at_token
+        token = target.token.reshape(-1)[rows][:, None]  # [N, 1] draft id of the target's argmax
+        label_dot_z = (1.0 - hard_label_weight) * label_dot_z + hard_label_weight * z.gather(
+            1, token
+        ).squeeze(1)
+        if kind == "kl":  # the mixed label itself is only needed for its entropy
+            label = ((1.0 - hard_label_weight) * probs).scatter_add(
+                1, token, torch.full_like(probs[:, :1], hard_label_weight)
+            )
     per_row = torch.logsumexp(z, dim=-1) - label_dot_z  # [N]
-    if kind == "kl":  # minus the entropy of the same (mixed) label, so a perfect match scores 0
-        mixed = (1.0 - hard_label_weight) * probs
-        mixed = mixed.scatter_add(
-            1, target.token.reshape(-1)[rows][:, None], torch.full_like(mixed[:, :1], hard_label_weight)
-        )
-        per_row = per_row + torch.special.xlogy(mixed, mixed).sum(-1)
+    if kind == "kl":  # minus the label's entropy, so a perfect match scores 0
+        per_row = per_row + torch.special.xlogy(label, label).sum(-1)
     loss_sum = torch.where(draftable, per_row, torch.zeros_like(per_row)).sum()
     with torch.no_grad():
         if scored is None:

@@ -13,13 +13,12 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
   capture_states   the same without the mask, as `capture_records` runs it now
   capture_copies   capture_states + each batch's states copied on a copy stream into one pinned host
                    buffer pair allocated once (the copy alone: no allocation, no per-record split)
-  capture_copies_fresh the same through the library's own copy (`_to_host`: fresh pinned buffers per batch)
-  capture_records_by_shard `eaglewire.data.capture.capture_records` shard by shard, each shard's
-                   records batched alone: + copy to pinned host memory on a copy stream, split per
-                   record; each shard waited for before the next (the library until session 10)
+  capture_records_by_shard `eaglewire.data.capture.launch_shards` shard by shard, each shard's
+                   records batched alone: + each record's rows copied on a copy stream into its
+                   shard's pinned host buffers; each shard waited for before the next
   capture_records  the same a window at a time: consecutive shards of about WINDOW_BATCHES full
                    batches' tokens batched together, as capture_dataset does (data/batching.py)
-  capture_pipelined `launch_records` for window w before waiting for window w - 1 (capture_dataset's
+  capture_pipelined `launch_shards` for window w before waiting for window w - 1 (capture_dataset's
                    order, nothing written)
   write_shards     the shard writer alone: one capture's records (in host memory) written as shards
                    (streamed + sha256) by --write-workers threads into a fresh directory under --work
@@ -72,10 +71,11 @@ import torch
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.data.batching import WINDOW_BATCHES, capture_windows, length_batches
 from eaglewire.data.build import build_dataset, load_source
-from eaglewire.data.capture import _to_host, capture_dataset, capture_records, human_bytes, launch_records
+from eaglewire.data.capture import capture_dataset, human_bytes, launch_shards
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.safetensors_stream import _byte_view
 from eaglewire.data.shards import shard_file_name, write_shard
+from eaglewire.data.types import ShardContent
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
@@ -267,37 +267,35 @@ def profile_pass(fn: Callable[[], Any], device: torch.device, top: int = 20) -> 
     return out
 
 
-def _raw_write(path: Path, records: list[Any]) -> int:
-    """The records' aux and final bytes into one file, no header and no sha256 (the disk alone)."""
+def _raw_write(path: Path, content: ShardContent) -> int:
+    """The shard's aux and final bytes into one file, no header and no sha256 (the disk alone)."""
     n = 0
     with open(path, "wb") as f:
-        for r in records:
-            for t in (r.aux, r.final):
-                n += f.write(_byte_view(t))
+        for t in (*content.aux, *content.final):
+            n += f.write(_byte_view(t))
     return n
 
 
-def _hash_only(records: list[Any]) -> int:
-    """sha256 over the records' aux and final bytes in memory (the hash alone)."""
+def _hash_only(content: ShardContent) -> int:
+    """sha256 over the shard's aux and final bytes in memory (the hash alone)."""
     digest, n = hashlib.sha256(), 0
-    for r in records:
-        for t in (r.aux, r.final):
-            view = _byte_view(t)
-            digest.update(view)
-            n += len(view)
+    for t in (*content.aux, *content.final):
+        view = _byte_view(t)
+        digest.update(view)
+        n += len(view)
     return n
 
 
 def writer_rows(
     ds: TokenizedDataset,
     shards: list[range],
-    captured: list[list[Any]],
+    captured: list[ShardContent],
     work_root: Path,
     args: argparse.Namespace,
     suffix: str = "",
 ) -> list[dict[str, Any]]:
     """The shard writer alone and its two halves, on one capture's shards held in host memory
-    (`captured`: each shard's records), each by --write-workers threads, a shard per task:
+    (`captured`: each shard's content, packed as capture packs it), each by --write-workers threads, a shard per task:
     write_shards (`write_shard`: safetensors streamed with sha256, into a fresh directory per
     repeat), write_raw (the same bytes to files, no hash), sha256_only (the hash, no file). MB/s
     shows whether the disk or the hash bounds the writer."""
@@ -468,11 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dtype = next(model.parameters()).dtype
     reused = [torch.empty(most * w, dtype=model_dtype, pin_memory=device.type == "cuda") for w in widths]
 
-    def copies(fresh: bool) -> None:
+    def copies() -> None:
         for ids, _, _ in batches:
             states = capture(model, ids, aux_boundaries=contract.aux_boundaries, final=contract.final)
-            if fresh or copy_stream is None:  # the library's own copy (on the CPU: none)
-                _to_host(states.aux, states.final, copy_stream)
+            if copy_stream is None:  # on the CPU: no copy
                 continue
             copy_stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(copy_stream):
@@ -485,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     # capture_dataset's windows: consecutive shards captured together (data/batching.py)
     lengths = ds.lengths()
     windows = [
-        [i for k in window for i in shards[k]]
+        [shards[k] for k in window]
         for window in capture_windows(
             [int(lengths[r.start : r.stop].sum()) for r in shards], WINDOW_BATCHES * args.max_batch_tokens
         )
@@ -493,22 +490,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def records_by_shard() -> None:
         for indices in shards:
-            capture_records(target, ds, indices, contract, **sizes)
+            launch_shards(target, ds, [indices], contract, **sizes).contents()
 
     def records_by_window() -> None:
-        for indices in windows:
-            capture_records(target, ds, indices, contract, **sizes)
+        for groups in windows:
+            launch_shards(target, ds, groups, contract, **sizes).contents()
 
     def records_pipelined() -> None:
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         previous = None
-        for indices in windows:
-            launched = launch_records(target, ds, indices, contract, copy_stream=stream, **sizes)
+        for groups in windows:
+            launched = launch_shards(target, ds, groups, contract, copy_stream=stream, **sizes)
             if previous is not None:
-                previous.records()
+                previous.contents()
             previous = launched
         if previous is not None:
-            previous.records()
+            previous.contents()
 
     variants: list[tuple[str, Callable[[], None], str]] = [
         ("prefill", prefill, "forward, logits of the last position only, padding mask, cuDNN allowed"),
@@ -520,17 +517,16 @@ def main(argv: list[str] | None = None) -> int:
             "forward + contract hooks with the padding mask (the old library)",
         ),
         ("capture_states", capture_states, "forward + contract hooks, no padding mask (the library now)"),
-        ("capture_copies", lambda: copies(False), "+ copy to one reused pinned buffer pair (the copy alone)"),
-        ("capture_copies_fresh", lambda: copies(True), "+ copy to fresh pinned buffers per batch (no split)"),
+        ("capture_copies", copies, "+ copy to one reused pinned buffer pair (the copy alone)"),
         (
             "capture_records_by_shard",
             records_by_shard,
-            "+ copy to host, split per record, each shard batched alone (the library before session 10)",
+            "+ copy each record into its shard's host buffers, each shard batched alone",
         ),
         (
             "capture_records",
             records_by_window,
-            "+ copy to host, split per record, a window of shards at a time (not written)",
+            "+ copy each record into its shard's host buffers, a window of shards at a time (not written)",
         ),
         (
             "capture_pipelined",
@@ -562,7 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     work_root = args.work or Path(os.environ.get("SMOL") or tempfile.gettempdir())
     work_root.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():  # one capture in host memory for every writer row
-        captured = [capture_records(target, ds, indices, contract, **sizes) for indices in shards]
+        captured = [
+            c for groups in windows for c in launch_shards(target, ds, groups, contract, **sizes).contents()
+        ]
     rows.extend(writer_rows(ds, shards, captured, work_root, args))
     if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)
         args.second_work.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
-"""On CUDA, capture_records copies each batch's states to pinned host memory on a copy stream while
-later batches run: every record equals the same batch captured and read back synchronously, and the
-shards capture_dataset writes hold the CPU capture's values (float32).
+"""On CUDA, capture_records copies each record's rows into its group's pinned host buffers on a copy
+stream while later batches run: every record equals the same batch captured and read back
+synchronously, and the shards capture_dataset writes hold the CPU capture's values (float32).
 
 Runs only where CUDA is present (the device machine): `pytest tests/gpu`."""
 

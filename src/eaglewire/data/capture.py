@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from eaglewire.data.batching import (
 )
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import MANIFEST_FILE, ShardInfo, ShardWriter, load_manifest
-from eaglewire.data.types import CapturedRecord, TokenizedRecord
+from eaglewire.data.types import CapturedRecord, ShardContent, TokenizedRecord
 from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.io_utils import sha256_text
 from eaglewire.target.capture import capture
@@ -151,93 +152,76 @@ class ForwardPacer:
 
 
 @dataclass
-class HostCopy:
-    """A batch's states on their way to pinned host memory: aux [B, T, A*Ht], final [B, T, Ht];
-    `arrived` marks the end of the copy (None: already on the host)."""
+class LaunchedShards:
+    """Groups of records whose states are on their way into host buffers packed per group (one
+    `ShardContent` each, in the order the groups were given); `contents()` waits for the copies."""
 
-    aux: torch.Tensor
-    final: torch.Tensor
-    arrived: torch.cuda.Event | None
+    packed: list[ShardContent]
+    arrived: torch.cuda.Event | None  # the last copy's end on the copy stream (None: on the host already)
 
-    def wait(self) -> None:
+    def contents(self) -> list[ShardContent]:
         if self.arrived is not None:
-            self.arrived.synchronize()
+            self.arrived.synchronize()  # releases the GIL
+        return self.packed
 
 
-def _to_host(aux: torch.Tensor, final: torch.Tensor, copy_stream: torch.cuda.Stream | None) -> HostCopy:
-    """Start copying aux [B, T, A*Ht] and final [B, T, Ht] into pinned host memory on `copy_stream`.
-
-    On the compute stream the copy (~75 MB a batch for SmolLM2) would sit between two forwards on
-    the GPU's timeline; on its own stream a copy engine moves it while the next batch's forward
-    runs. record_stream keeps the caching allocator from handing the device tensors' memory to that
-    forward before the copy has read it."""
-    if aux.device.type != "cuda" or copy_stream is None:
-        return HostCopy(aux, final, None)
-    aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
-    final_host = torch.empty(final.shape, dtype=final.dtype, pin_memory=True)
-    copy_stream.wait_stream(torch.cuda.current_stream(aux.device))  # the states are written
-    with torch.cuda.stream(copy_stream):
-        aux_host.copy_(aux, non_blocking=True)
-        final_host.copy_(final, non_blocking=True)
-        arrived = torch.cuda.Event()
-        arrived.record(copy_stream)
-    aux.record_stream(copy_stream)
-    final.record_stream(copy_stream)
-    return HostCopy(aux_host, final_host, arrived)
-
-
-@dataclass
-class LaunchedRecords:
-    """Records whose states are on their way to the host: `records()` waits for them and cuts each
-    record's aux [T, A*Ht] and final [T, Ht] out of its batch, in the order the records were given."""
-
-    recs: list[TokenizedRecord]
-    lengths: list[int]
-    batches: list[tuple[list[int], HostCopy]]  # row -> position in recs, and the batch's copy
-
-    def records(self) -> list[CapturedRecord]:
-        out: list[CapturedRecord | None] = [None] * len(self.recs)
-        for group, host in self.batches:
-            host.wait()  # the host buffers hold this batch now
-            for row, i in enumerate(group):
-                T, rec = self.lengths[i], self.recs[i]
-                # views: the shard writer streams them to the file without a copy
-                out[i] = CapturedRecord(
-                    rec.record_id, rec.input_ids, rec.loss_mask, host.aux[row, :T], host.final[row, :T]
-                )
-        return [r for r in out if r is not None]
-
-
-def launch_records(
+def launch_shards(
     target: LoadedTarget,
     dataset: TokenizedDataset,
-    indices: Sequence[int],
+    groups: Sequence[Sequence[int]],
     contract: Contract,
     *,
     batch_size: int,
     max_batch_tokens: int,
     copy_stream: torch.cuda.Stream | None = None,
     pacer: ForwardPacer | None = None,
-) -> LaunchedRecords:
-    """Run the target over `indices` of `dataset` and start copying the contract's states to the
-    host, without waiting for the copies (on CUDA the forwards are queued too): `.records()` waits.
+) -> LaunchedShards:
+    """Run the target over the records of `groups` (each a list of indices of `dataset`: one shard's
+    records, in order) and start copying the contract's states into one host buffer per group and
+    tensor, without waiting for the copies (on CUDA the forwards are queued too): `.contents()` waits.
 
-    Batches are right-padded and get no padding mask: under causal attention a real token never
-    attends to the padding after it, so its states are the same as unpadded, and without a mask
-    SDPA may pick flash attention (no per-shape plans, unlike cuDNN; faster than the masked kernels).
-    On CUDA each batch's copy goes to pinned host memory on `copy_stream` (one is made if None);
+    All groups' records are batched together, longest first (`length_batches`). Batches are
+    right-padded and get no padding mask: under causal attention a real token never attends to the
+    padding after it, so its states are the same as unpadded, and without a mask SDPA may pick flash
+    attention (no per-shape plans, unlike cuDNN; faster than the masked kernels).
+
+    Each record's rows go straight to their place in its group's buffers (pinned on CUDA), copied on
+    `copy_stream` (one is made if None) so a copy engine moves batch i while batch i + 1's forward
+    runs; a group's buffers are then exactly the shard's `aux` and `final` tensors, and a writer
+    thread hashes and writes each with one call (safetensors_stream.py says why that matters).
     `pacer` bounds how far the launches run ahead of the GPU (across calls: it keeps its events)."""
-    recs = [dataset[i] for i in indices]
-    lengths = [int(r.input_ids.numel()) for r in recs]
     device = target.device
     on_cuda = device.type == "cuda"
     if on_cuda and copy_stream is None:
         copy_stream = torch.cuda.Stream(device)
-    queued: list[tuple[list[int], HostCopy]] = []
-    for group in length_batches(lengths, batch_size, max_batch_tokens):
-        width = max(lengths[i] for i in group)
-        ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, T] right-padded
-        for row, i in enumerate(group):
+    dtype = getattr(torch, contract.dtype)
+    Ht = contract.target.hidden_size
+    recs: list[TokenizedRecord] = []
+    where: list[tuple[int, int]] = []  # per record of `recs`: (its group, its first row in the group)
+    packed: list[ShardContent] = []
+    for g, indices in enumerate(groups):
+        group = [dataset[i] for i in indices]
+        lengths = [int(r.input_ids.numel()) for r in group]
+        rows = 0
+        for T in lengths:
+            where.append((g, rows))
+            rows += T
+        recs.extend(group)
+        packed.append(
+            ShardContent(
+                record_ids=[r.record_id for r in group],
+                lengths=lengths,
+                input_ids=[torch.cat([r.input_ids.to(torch.int64) for r in group])],  # [N]
+                loss_mask=[torch.cat([r.loss_mask.bool() for r in group])],  # [N]
+                aux=[torch.empty((rows, contract.num_aux * Ht), dtype=dtype, pin_memory=on_cuda)],
+                final=[torch.empty((rows, Ht), dtype=dtype, pin_memory=on_cuda)],
+            )
+        )
+    lengths = [int(r.input_ids.numel()) for r in recs]
+    for batch in length_batches(lengths, batch_size, max_batch_tokens):
+        width = max(lengths[i] for i in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T] right-padded
+        for row, i in enumerate(batch):
             ids[row, : lengths[i]] = recs[i].input_ids
         if on_cuda:
             ids = ids.pin_memory()
@@ -249,17 +233,32 @@ def launch_records(
                 ids.to(device, non_blocking=True),
                 aux_boundaries=contract.aux_boundaries,
                 final=contract.final,
-            )
+            )  # aux [B, T, A*Ht], final [B, T, Ht]
         except torch.OutOfMemoryError as e:
             raise ConfigError(
-                f"capture: a batch of {len(group)} records x {width} tokens ({len(group) * width} padded "
+                f"capture: a batch of {len(batch)} records x {width} tokens ({len(batch) * width} padded "
                 f"tokens, max_batch_tokens {max_batch_tokens}, batch_size {batch_size}) ran out of memory on {device}",
                 fix="rerun the same command with a smaller --max-batch-tokens (shards already written are kept and skipped)",
             ) from e
         if pacer is not None:
             pacer.after_launch(device)
-        queued.append((group, _to_host(states.aux, states.final, copy_stream)))
-    return LaunchedRecords(recs, lengths, queued)
+        if copy_stream is not None:
+            copy_stream.wait_stream(torch.cuda.current_stream(device))  # the states are written
+        with torch.cuda.stream(copy_stream) if copy_stream is not None else nullcontext():
+            for row, i in enumerate(batch):
+                (g, lo), T = where[i], lengths[i]
+                packed[g].aux[0][lo : lo + T].copy_(states.aux[row, :T], non_blocking=on_cuda)
+                packed[g].final[0][lo : lo + T].copy_(states.final[row, :T], non_blocking=on_cuda)
+        if copy_stream is not None:
+            # keeps the caching allocator from handing the states' memory to the next forward
+            # before the copies have read it
+            states.aux.record_stream(copy_stream)
+            states.final.record_stream(copy_stream)
+    arrived = None
+    if copy_stream is not None:
+        arrived = torch.cuda.Event()
+        arrived.record(copy_stream)
+    return LaunchedShards(packed, arrived)
 
 
 def capture_records(
@@ -272,10 +271,11 @@ def capture_records(
     max_batch_tokens: int,
 ) -> list[CapturedRecord]:
     """Capture the contract's states for `indices` of `dataset`, returned in the order of `indices`
-    (`launch_records`, then wait for its copies)."""
-    return launch_records(
-        target, dataset, indices, contract, batch_size=batch_size, max_batch_tokens=max_batch_tokens
-    ).records()
+    (`launch_shards` with one group, waited for; each record a view into the group's buffers)."""
+    launched = launch_shards(
+        target, dataset, [indices], contract, batch_size=batch_size, max_batch_tokens=max_batch_tokens
+    )
+    return launched.contents()[0].records()
 
 
 def capture_dataset(
@@ -390,31 +390,29 @@ def capture_dataset(
     pending: deque[Future[ShardInfo]] = deque()
     writer_seconds: list[float] = []  # per shard written; list.append is atomic across threads
 
-    def write_shard_timed(k: int, lo: int, records: list[CapturedRecord]) -> ShardInfo:
+    def write_shard_timed(k: int, lo: int, content: ShardContent) -> ShardInfo:
         t = time.perf_counter()
-        info = writer.write(k, lo, records)
+        info = writer.write(k, lo, content)
         writer_seconds.append(time.perf_counter() - t)
         return info
 
     with ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool:
 
-        def write(shards: list[tuple[int, int, int]], launched: LaunchedRecords) -> None:
+        def write(shards: list[tuple[int, int, int]], launched: LaunchedShards) -> None:
             t = time.perf_counter()
-            records = launched.records()  # the window's records, shard after shard
+            contents = launched.contents()  # the window's shards, packed
             stats.copy_wait_seconds += time.perf_counter() - t
-            for k, lo, hi in shards:
-                pending.append(pool.submit(write_shard_timed, k, lo, records[: hi - lo]))
-                records = records[hi - lo :]
+            for (k, lo, _), content in zip(shards, contents, strict=True):
+                pending.append(pool.submit(write_shard_timed, k, lo, content))
             t = time.perf_counter()
             while len(pending) > write_workers:  # bound the shards held in memory
                 account(pending.popleft().result())
             stats.writer_wait_seconds += time.perf_counter() - t
 
         # Window w's forwards are queued before window w - 1's copies are waited for, so the GPU
-        # never drains between windows while the host cuts records and hands shards to the writers.
-        in_flight: tuple[list[tuple[int, int, int]], LaunchedRecords] | None = None
+        # never drains between windows while the host hands shards to the writers.
+        in_flight: tuple[list[tuple[int, int, int]], LaunchedShards] | None = None
         for shards in windows:
-            indices = [i for _, lo, hi in shards for i in range(lo, hi)]
             t = time.perf_counter()
             if on_cuda:
                 forward_spans.append(
@@ -422,10 +420,10 @@ def capture_dataset(
                 )
                 forward_spans[-1][0].record()
             try:
-                launched = launch_records(
+                launched = launch_shards(
                     target,
                     dataset,
-                    indices,
+                    [range(lo, hi) for _, lo, hi in shards],
                     contract,
                     batch_size=batch_size,
                     max_batch_tokens=max_batch_tokens,

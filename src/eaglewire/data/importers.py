@@ -43,7 +43,7 @@ from eaglewire.contract.fingerprint import Fingerprint, StateKey, fingerprint_te
 from eaglewire.contract.numbering import Numbering, to_boundaries
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import ShardWriter
-from eaglewire.data.types import CapturedRecord
+from eaglewire.data.types import CapturedRecord, ShardContent
 from eaglewire.errors import ConfigError, DataFormatError, FingerprintMismatchError
 from eaglewire.io_utils import sha256_text
 from eaglewire.target.capture import capture_all
@@ -349,7 +349,7 @@ def import_hidden_states(
         if len(buf) == shard_records:
             k = first // shard_records
             if not writer.done(k):
-                writer.write(k, first, buf)
+                writer.write(k, first, ShardContent.from_records(buf))
             first += len(buf)
             stats.shards += 1
             buf = []
@@ -360,7 +360,7 @@ def import_hidden_states(
     if buf:
         k = first // shard_records
         if not writer.done(k):
-            writer.write(k, first, buf)
+            writer.write(k, first, ShardContent.from_records(buf))
         stats.shards += 1
     writer.finish({"import_stats": stats.__dict__, "verified_by_values": verify_target is not None})
     log.info(

@@ -31,7 +31,7 @@ from safetensors import safe_open
 
 from eaglewire.contract.contract import Contract, require_same_wiring
 from eaglewire.data.safetensors_stream import write_safetensors_stream
-from eaglewire.data.types import CapturedRecord
+from eaglewire.data.types import CapturedRecord, ShardContent
 from eaglewire.errors import DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json, sha256_file
 from eaglewire.typed_config import read_json_file
@@ -63,48 +63,35 @@ class ShardInfo:
         return dict(self.__dict__)
 
 
-def write_shard(path: Path, index: int, first_record: int, records: list[CapturedRecord]) -> ShardInfo:
-    """Write `records` as one shard atomically; return its manifest entry.
+def write_shard(path: Path, index: int, first_record: int, content: ShardContent) -> ShardInfo:
+    """Write `content` as one shard atomically; return its manifest entry.
 
-    The records' tensors are streamed into the file (and its sha256) one after another, never
-    concatenated in memory: see `safetensors_stream.write_safetensors_stream`."""
-    if not records:
-        raise ValueError("write_shard: no records")
-    lengths = torch.tensor([int(r.input_ids.numel()) for r in records], dtype=torch.long)
-    offsets = torch.zeros(len(records) + 1, dtype=torch.long)
+    Each tensor's parts are streamed into the file (and its sha256) one after another, never
+    joined in memory: see `safetensors_stream.write_safetensors_stream`."""
+    if not content.record_ids:
+        raise DataFormatError(f"shard {path}: no records")
+    lengths = torch.tensor(content.lengths, dtype=torch.long)
+    offsets = torch.zeros(len(content.lengths) + 1, dtype=torch.long)
     offsets[1:] = torch.cumsum(lengths, 0)
-    first = records[0]
-    for r in records:
-        T = int(r.input_ids.numel())
-        if r.loss_mask.shape != (T,) or r.aux.shape[0] != T or r.final.shape[0] != T:
+    N = int(offsets[-1])
+    for name, parts in content.tensors().items():
+        rows = sum(int(p.shape[0]) for p in parts)
+        if rows != N:
             raise DataFormatError(
-                f"record {r.record_id}: lengths disagree: input_ids {T}, loss_mask {tuple(r.loss_mask.shape)}, "
-                f"aux {tuple(r.aux.shape)}, final {tuple(r.final.shape)}"
+                f"shard {path}: tensor {name!r} has {rows} rows, expected {N} (the records' lengths summed: "
+                f"{len(content.lengths)} records)"
             )
-        for name, t, t0 in (("aux", r.aux, first.aux), ("final", r.final, first.final)):
-            if t.shape[1:] != t0.shape[1:] or t.dtype != t0.dtype:
-                raise DataFormatError(
-                    f"shard {path}: record {r.record_id}: {name} {tuple(t.shape)} {t.dtype} does not match "
-                    f"record {first.record_id}'s {name} {tuple(t0.shape)} {t0.dtype} (same width and dtype expected)"
-                )
-    loss_mask = [r.loss_mask.bool() for r in records]
-    tensors = {
-        "input_ids": [r.input_ids.to(torch.int64) for r in records],  # [N] in the file
-        "loss_mask": loss_mask,  # [N]
-        "aux": [r.aux for r in records],  # [N, A*Ht]
-        "final": [r.final for r in records],  # [N, Ht]
-        "offsets": [offsets],  # [R+1]
-    }
-    metadata = {"record_ids": json.dumps([r.record_id for r in records]), "format": MANIFEST_FORMAT}
+    tensors = {**content.tensors(), "offsets": [offsets]}  # [N], [N], [N, A*Ht], [N, Ht], [R+1]
+    metadata = {"record_ids": json.dumps(content.record_ids), "format": MANIFEST_FORMAT}
     with atomic_path(path) as tmp:
         size, digest = write_safetensors_stream(tmp, tensors, metadata)
     return ShardInfo(
         index=index,
         file=path.name,
         first_record=first_record,
-        records=len(records),
-        tokens=int(offsets[-1]),
-        loss_tokens=sum(int(m.sum()) for m in loss_mask),
+        records=len(content.record_ids),
+        tokens=N,
+        loss_tokens=sum(int(m.sum()) for m in content.loss_mask),
         bytes=size,
         sha256=digest,
     )
@@ -174,10 +161,10 @@ class ShardWriter:
     def done(self, index: int) -> bool:
         return index in self.shards
 
-    def write(self, index: int, first_record: int, records: list[CapturedRecord]) -> ShardInfo:
+    def write(self, index: int, first_record: int, content: ShardContent) -> ShardInfo:
         """Write one shard (safe to call from several threads: the files are independent and the
         manifest update is serialised; resume keys on shard index, so completion order is free)."""
-        info = write_shard(self.directory / shard_file_name(index), index, first_record, records)
+        info = write_shard(self.directory / shard_file_name(index), index, first_record, content)
         with self._lock:
             self.shards[index] = info
             self._save(complete=False)

@@ -139,7 +139,7 @@ def test_write_shard_streams_record_views(tmp_path: Path) -> None:
     """write_shard over records that are views into batch buffers (as capture makes them): the shard
     holds torch.cat of each field, int64 ids and bool mask, and its ShardInfo hashes the file."""
     from eaglewire.data.shards import write_shard
-    from eaglewire.data.types import CapturedRecord
+    from eaglewire.data.types import CapturedRecord, ShardContent
 
     lengths = [5, 0, 3]
     aux = torch.randn(len(lengths), 6, 8).to(torch.bfloat16)  # [B, T, A*Ht] batch buffer
@@ -155,7 +155,7 @@ def test_write_shard_streams_record_views(tmp_path: Path) -> None:
         for i, T in enumerate(lengths)
     ]
     path = tmp_path / "shard.safetensors"
-    info = write_shard(path, 0, 0, records)
+    info = write_shard(path, 0, 0, ShardContent.from_records(records))
     assert info.bytes == path.stat().st_size and info.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert info.tokens == 8 and info.loss_tokens == 3 + 2
     got = load_file(str(path))
@@ -173,5 +173,30 @@ def test_write_shard_streams_record_views(tmp_path: Path) -> None:
     with pytest.raises(
         DataFormatError, match=r"record r2: aux \(3, 8\) torch.float32 does not match record r0"
     ):
-        write_shard(tmp_path / "bad.safetensors", 0, 0, records)
+        write_shard(tmp_path / "bad.safetensors", 0, 0, ShardContent.from_records(records))
     assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_write_shard_names_a_tensor_whose_rows_do_not_add_up(tmp_path: Path) -> None:
+    """A packed shard whose aux holds fewer rows than the records' lengths add up to is refused,
+    naming the tensor and both counts, and leaves no file."""
+    from eaglewire.data.shards import write_shard
+    from eaglewire.data.types import ShardContent
+
+    content = ShardContent(
+        record_ids=["a", "b"],
+        lengths=[3, 2],
+        input_ids=[torch.arange(5)],
+        loss_mask=[torch.ones(5, dtype=torch.bool)],
+        aux=[torch.zeros(4, 6)],
+        final=[torch.zeros(5, 2)],
+    )
+    path = tmp_path / "short.safetensors"
+    with pytest.raises(DataFormatError, match=r"tensor 'aux' has 4 rows, expected 5"):
+        write_shard(path, 0, 0, content)
+    assert not path.exists()
+    ok = ShardContent(**{**content.__dict__, "aux": [torch.arange(30.0).view(5, 6)]})
+    info = write_shard(path, 0, 0, ok)
+    got = load_file(str(path))
+    assert info.tokens == 5 and got["offsets"].tolist() == [0, 3, 5]
+    assert [r.aux.tolist() for r in ok.records()] == [got["aux"][:3].tolist(), got["aux"][3:].tolist()]

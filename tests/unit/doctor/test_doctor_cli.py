@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from eaglewire.cli import app
 from eaglewire.contract.contract import FinalState
 from eaglewire.data.shards import ShardWriter
+from eaglewire.data.types import ShardContent
 from eaglewire.doctor.run import DoctorOptions, run_doctor
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
@@ -30,7 +31,7 @@ runner = CliRunner()
 
 def write_shards(directory, contract, records):
     writer = ShardWriter(directory, contract, plan={"test": "doctor"}, total_records=len(records))
-    writer.write(0, 0, records)
+    writer.write(0, 0, ShardContent.from_records(records))
     writer.finish()
     return directory
 

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from eaglewire.cli import app
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import ShardDataset, ShardWriter
+from eaglewire.data.types import ShardContent
 from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.target.identity import build_contract, tokenizer_hash
 from eaglewire.target.loading import load_target
@@ -40,7 +41,7 @@ def disk(tiny_target, token_records, tmp_path_factory):
     meta = {"split": "train", "tokenizer_hash": tokenizer_hash(target.tokenizer)}
     TokenizedDataset.from_records(token_records, meta=meta).save(root / "tokens")
     writer = ShardWriter(root / "shards", contract, plan={"test": 1}, total_records=len(token_records))
-    writer.write(0, 0, capture_records(target, contract, token_records))
+    writer.write(0, 0, ShardContent.from_records(capture_records(target, contract, token_records)))
     writer.finish()
     return root
 

@@ -58,10 +58,11 @@ class CaptureStats:
     # others did meanwhile: the next run's profile without a profiler.
     launch_seconds: float = 0.0  # queuing windows' forwards and copies (pace_wait included)
     pace_wait_seconds: float = 0.0  # waiting, without the GIL, for the GPU to catch up (ForwardPacer)
-    copy_wait_seconds: float = 0.0  # waiting for a window's copies to reach the host
     writer_wait_seconds: float = 0.0  # waiting for writers, to bound the shards held in memory
     drain_seconds: float = 0.0  # after the last window was handed over, until every shard was written
     gpu_forward_seconds: float = 0.0  # the compute stream busy with the windows' forwards (CUDA only)
+    # the handoff thread waiting for windows' copies to reach the host (not the calling thread's)
+    copy_wait_seconds: float = 0.0
     writer_thread_seconds: float = 0.0  # summed over the writer threads, inside ShardWriter.write
 
     @property
@@ -69,12 +70,12 @@ class CaptureStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def phases(self) -> str:
-        """One log line's worth: the calling thread's phases, the GPU's and the writers' time."""
+        """One log line's worth: the calling thread's phases, the GPU's, the handoff's and the writers' time."""
         return (
-            f"launch {self.launch_seconds:.2f}s (pace wait {self.pace_wait_seconds:.2f}s), copy wait "
-            f"{self.copy_wait_seconds:.2f}s, writer wait {self.writer_wait_seconds:.2f}s, drain "
-            f"{self.drain_seconds:.2f}s; GPU forwards "
-            f"{self.gpu_forward_seconds:.2f}s; writers {self.writer_thread_seconds:.2f} thread-s"
+            f"launch {self.launch_seconds:.2f}s (pace wait {self.pace_wait_seconds:.2f}s), writer wait "
+            f"{self.writer_wait_seconds:.2f}s, drain {self.drain_seconds:.2f}s; GPU forwards "
+            f"{self.gpu_forward_seconds:.2f}s; handoff copy wait {self.copy_wait_seconds:.2f}s; writers "
+            f"{self.writer_thread_seconds:.2f} thread-s"
         )
 
 
@@ -396,22 +397,45 @@ def capture_dataset(
         writer_seconds.append(time.perf_counter() - t)
         return info
 
-    with ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool:
+    # The calling thread only launches: a handoff thread waits for each window's copies (without
+    # the GIL) and queues its shards' writes the moment they have arrived. Handed over by the
+    # calling thread instead, after launching the next window, a window's shards waited a window's
+    # forwards in memory first, and the last two windows' writes were all left for the end (H200
+    # run 11: 0.26 s waiting for writers and 0.20 s of drain, BENCHMARKS.md section 3).
+    handed: deque[tuple[list[tuple[int, int, int]], Future[list[Future[ShardInfo]]]]] = deque()
+    copy_waits: list[float] = []  # per window, on the handoff thread
 
-        def write(shards: list[tuple[int, int, int]], launched: LaunchedShards) -> None:
+    def settle(limit: int, *, keep_newest: bool) -> None:
+        """Account written shards, oldest first, until at most `limit` shards are held (being
+        written or waiting to be); `keep_newest` leaves the window handed over last uncounted (its
+        copies may still be arriving)."""
+        newest = 1 if keep_newest else 0
+
+        def held() -> int:
+            return len(pending) + sum(len(shards) for shards, _ in list(handed)[: len(handed) - newest])
+
+        while held() > limit:
+            if pending:
+                account(pending.popleft().result())
+            else:
+                pending.extend(handed.popleft()[1].result())
+
+    with (
+        ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="shard-writer") as pool,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-handoff") as handoff,
+    ):  # shut down in reverse: the handoff first, so it never queues a write into a closed pool
+
+        def hand_over(
+            shards: list[tuple[int, int, int]], launched: LaunchedShards
+        ) -> list[Future[ShardInfo]]:
             t = time.perf_counter()
             contents = launched.contents()  # the window's shards, packed
-            stats.copy_wait_seconds += time.perf_counter() - t
-            for (k, lo, _), content in zip(shards, contents, strict=True):
-                pending.append(pool.submit(write_shard_timed, k, lo, content))
-            t = time.perf_counter()
-            while len(pending) > write_workers:  # bound the shards held in memory
-                account(pending.popleft().result())
-            stats.writer_wait_seconds += time.perf_counter() - t
+            copy_waits.append(time.perf_counter() - t)
+            return [
+                pool.submit(write_shard_timed, k, lo, content)
+                for (k, lo, _), content in zip(shards, contents, strict=True)
+            ]
 
-        # Window w's forwards are queued before window w - 1's copies are waited for, so the GPU
-        # never drains between windows while the host hands shards to the writers.
-        in_flight: tuple[list[tuple[int, int, int]], LaunchedShards] | None = None
         for shards in windows:
             t = time.perf_counter()
             if on_cuda:
@@ -431,31 +455,21 @@ def capture_dataset(
                     pacer=pacer,
                 )
             except BaseException:
-                if in_flight is not None:  # captured already: keep it for the resumed run
-                    try:
-                        write(*in_flight)
-                    except (
-                        RuntimeError,
-                        OSError,
-                    ) as err:  # a sticky CUDA error, a full disk: the first error is the news
-                        log.warning(
-                            "capture: shards %s (captured) could not be written: %s",
-                            [k for k, _, _ in in_flight[0]],
-                            err,
-                        )
+                # the windows launched before are captured: their shards are still written (each
+                # listed in the manifest as it completes) so a resumed run skips them
+                _finish_quietly(handed, pending)
                 raise
             if on_cuda:
                 forward_spans[-1][1].record()
             stats.launch_seconds += time.perf_counter() - t
-            if in_flight is not None:
-                write(*in_flight)
-            in_flight = (shards, launched)
-        if in_flight is not None:
-            write(*in_flight)
+            handed.append((shards, handoff.submit(hand_over, shards, launched)))
+            t = time.perf_counter()
+            settle(write_workers, keep_newest=True)  # bound the shards held in memory
+            stats.writer_wait_seconds += time.perf_counter() - t
         t = time.perf_counter()
-        while pending:
-            account(pending.popleft().result())
+        settle(0, keep_newest=False)
         stats.drain_seconds = time.perf_counter() - t
+    stats.copy_wait_seconds = sum(copy_waits)
     if forward_spans:  # every copy has arrived; the last end event may still be a step behind
         torch.cuda.current_stream(target.device).synchronize()
         stats.gpu_forward_seconds = sum(a.elapsed_time(b) for a, b in forward_spans) / 1000
@@ -477,3 +491,23 @@ def capture_dataset(
         stats.phases(),
     )
     return stats
+
+
+def _finish_quietly(
+    handed: deque[tuple[list[tuple[int, int, int]], Future[list[Future[ShardInfo]]]]],
+    pending: deque[Future[ShardInfo]],
+) -> None:
+    """Wait for every shard already handed over to be written, logging (not raising) what failed:
+    when a capture stops on an error, that error is the news."""
+    for shards, fut in handed:
+        err = fut.exception()
+        if err is not None:  # a sticky CUDA error while the copies arrived, say
+            log.warning(
+                "capture: shards %s (captured) could not be written: %s", [k for k, _, _ in shards], err
+            )
+        else:
+            pending.extend(fut.result())
+    for write in pending:
+        err = write.exception()
+        if err is not None:  # a full disk, say
+            log.warning("capture: a captured shard could not be written: %s", err)

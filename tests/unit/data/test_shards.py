@@ -178,6 +178,34 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     assert len(ShardDataset(out, verify="eager")) == len(dataset)
 
 
+def test_a_window_is_written_while_the_next_one_is_captured(
+    tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A window's shards go to the writers as soon as its states are on the host, not after the
+    next window's forwards: here the second window's forward waits for shard 0's file to appear
+    (window_tokens=1: each shard is its own window). Were shard 0 handed over only after that
+    launch, it would never appear."""
+    import time
+
+    import eaglewire.data.capture as capture_module
+
+    real, calls = capture_module.capture, []
+    out = tmp_path / "shards"
+
+    def capture_after_shard0(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:  # shard 1's only batch
+            deadline = time.monotonic() + 20
+            while not (out / shard_file_name(0)).exists():
+                assert time.monotonic() < deadline, "shard 0 was not written while shard 1 was captured"
+                time.sleep(0.01)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "capture", capture_after_shard0)
+    stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+    assert stats.shards_written == 3 and len(ShardDataset(out, verify="eager")) == len(dataset)
+
+
 def test_windows_of_several_shards_write_the_same_shards(
     tmp_path: Path, target, dataset: TokenizedDataset
 ) -> None:  # type: ignore[no-untyped-def]

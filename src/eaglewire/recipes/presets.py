@@ -74,7 +74,7 @@ class QuickstartPreset:
     magpie_opened_fraction: float = help_field(
         "share of the Magpie prompts started with an instruction opening (eaglewire.data.magpie."
         "MAGPIE_OPENINGS: 'Write', 'Solve', 'Act as', ...); 0 = every prompt as the target asks it",
-        default=0.0,  # not yet measured on a GPU: a lever for MT-bench's writing, roleplay and extraction
+        default=0.0,  # the gpu preset opens half (H200 run 11); off elsewhere
     )
     train_from_shards: bool = help_field(
         "capture the target's hidden states to shards once (data stage) and train from them (offline); "
@@ -208,7 +208,13 @@ PRESETS: dict[str, QuickstartPreset] = {
         chitchat_conversations=7168,
         humaneval_problems=131,
         magpie_prompts=20000,
-        user_turns=3,
+        # First answers only, half the Magpie prompts opened as instructions ("Write", "Solve", ...):
+        # the benchmark serves first turns of requests, and later answers repeat their conversation
+        # (BENCHMARKS.md 2i). H200 run 11 against 3 turns and plain Magpie (run 9), tau chain / tree:
+        # HumanEval 2.50 / 4.76 -> 2.61 / 4.96, all 80 MT-bench 2.13 / 3.36 -> 2.21 / 3.51, chitchat
+        # 2.77 / 5.10 -> 2.74 / 5.03; the data stage 58 s shorter. Both changed at once (BENCHMARKS.md 2k).
+        user_turns=1,
+        magpie_opened_fraction=0.5,
         regenerate=True,
         # regenerate -> train -> eval must fit 20 minutes on one H200. Measured (BENCHMARKS.md 2d,
         # these data settings): 20,000 Magpie prompts in ~35 s, all 25,873 training conversations

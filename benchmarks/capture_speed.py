@@ -173,6 +173,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "capture_dataset_pace<N>: the host at most N batches ahead of the GPU, 0 = unbounded; the row "
         f"capture_dataset has the library's {CAPTURE_DEFAULTS['pace_batches']}); '' = none",
     )
+    p.add_argument(
+        "--end-to-end-only",
+        action="store_true",
+        help="time only the baseline (prefill_unmasked) and the capture_dataset rows: no other "
+        "in-memory rows, no writer rows, no profile (for a short lease)",
+    )
     p.add_argument("--out", type=Path, default=Path("capture_speed.json"), help="JSON results")
     return p.parse_args(argv)
 
@@ -536,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.skip_masked:
         variants = [v for v in variants if v[0] not in MASKED_ROWS]
+    if args.end_to_end_only:
+        variants = [v for v in variants if v[0] == "prefill_unmasked"]
     seconds: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     with torch.no_grad():
         log.info("warm-up pass of every row")
@@ -545,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, fn, _ in variants:
                 seconds[name].append(timed(fn, device))
             log.info("repeat %d/%d done", k + 1, args.repeats)
-        profile = profile_pass(records_by_window, device)
+        profile = None if args.end_to_end_only else profile_pass(records_by_window, device)
     rows: list[dict[str, Any]] = [row(name, tokens, seconds[name], what) for name, _, what in variants]
     for r in rows:
         log.info(
@@ -557,15 +565,19 @@ def main(argv: list[str] | None = None) -> int:
 
     work_root = args.work or Path(os.environ.get("SMOL") or tempfile.gettempdir())
     work_root.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():  # one capture in host memory for every writer row
-        captured = [
-            c for groups in windows for c in launch_shards(target, ds, groups, contract, **sizes).contents()
-        ]
-    rows.extend(writer_rows(ds, shards, captured, work_root, args))
-    if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)
+    if args.second_work is not None:
         args.second_work.mkdir(parents=True, exist_ok=True)
-        rows.extend(writer_rows(ds, shards, captured, args.second_work, args, suffix="_second"))
-    del captured  # freed before the end-to-end runs, which hold their own
+    if not args.end_to_end_only:
+        with torch.no_grad():  # one capture in host memory for every writer row
+            captured = [
+                c
+                for groups in windows
+                for c in launch_shards(target, ds, groups, contract, **sizes).contents()
+            ]
+        rows.extend(writer_rows(ds, shards, captured, work_root, args))
+        if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)
+            rows.extend(writer_rows(ds, shards, captured, args.second_work, args, suffix="_second"))
+        del captured  # freed before the end-to-end runs, which hold their own
     end_to_end = dataset_row("capture_dataset", target, ds, source, work_root, args)
     rows.append(end_to_end)
     if args.second_work is not None:

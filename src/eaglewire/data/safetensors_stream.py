@@ -12,8 +12,10 @@ Each call that releases the GIL must take it back, and while a capture runs, the
 the target's kernels holds it almost all the time, so each handoff can cost that thread a wait
 (H200 run 10: its forwards took 2.4-2.6 s with the writers beside them, 2.14 s without). So a
 part is hashed in one call, not in chunks, and all parts of all tensors go to the file in one
-`os.writev` (up to IOV_MAX buffers) on a helper thread while the hash runs: with capture's packed
-shards (one part per tensor) a shard is about six hash calls and one write.
+`os.writev` (up to IOV_MAX buffers): with capture's packed shards (one part per tensor) a shard
+is about six hash calls and one write. (Writing the file on a helper thread beside the hash was
+measured on the H200 after run 11, together with capture's handoff thread: the last writes took
+0.23-0.34 s against 0.20 s before, and the two changes were not separated; the simpler order stays.)
 
 The file is plain safetensors (8-byte little-endian header length, a JSON header padded with
 spaces so the data starts 8-byte aligned, then the tensors' little-endian bytes back to back in
@@ -29,8 +31,7 @@ import math
 import os
 import struct
 import sys
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -109,27 +110,6 @@ def write_all(fd: int, views: Sequence[memoryview], iov_max: int = IOV_MAX) -> N
             pending[0] = pending[0][written:]
 
 
-def _start_thread(fn: Callable[..., object], *args: object) -> Callable[[], None]:
-    """Run `fn(*args)` on a new thread; the returned function waits for it and re-raises its error."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread, which raises it
-            errors.append(e)
-
-    thread = threading.Thread(target=run, name="safetensors-write", daemon=True)
-    thread.start()
-
-    def wait() -> None:
-        thread.join()
-        if errors:
-            raise errors[0]
-
-    return wait
-
-
 def write_safetensors_stream(
     path: Path,
     tensors: Mapping[str, Sequence[torch.Tensor]],
@@ -174,15 +154,10 @@ def write_safetensors_stream(
     views = [memoryview(prefix)]
     for parts in tensors.values():
         views.extend(_byte_view(part) for part in parts if part.numel() > 0)
+    for view in views[1:]:
+        digest.update(view)
     with open(path, "wb", buffering=0) as f:  # unbuffered: every buffer goes straight to the kernel
-        # the file and the hash read the same buffers, so they run side by side (both without the
-        # GIL): a shard takes the longer of the two, not their sum
-        file_written = _start_thread(write_all, f.fileno(), views)
-        try:
-            for view in views[1:]:
-                digest.update(view)
-        finally:
-            file_written()
+        write_all(f.fileno(), views)
         size = f.tell()
     if size != len(prefix) + offset:
         raise DataFormatError(

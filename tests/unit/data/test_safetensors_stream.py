@@ -200,18 +200,3 @@ def test_write_shard_names_a_tensor_whose_rows_do_not_add_up(tmp_path: Path) -> 
     got = load_file(str(path))
     assert info.tokens == 5 and got["offsets"].tolist() == [0, 3, 5]
     assert [r.aux.tolist() for r in ok.records()] == [got["aux"][:3].tolist(), got["aux"][3:].tolist()]
-
-
-def test_the_write_thread_hands_its_error_to_the_caller() -> None:
-    """The file is written on a helper thread beside the hash: its failure surfaces in the caller."""
-    from eaglewire.data.safetensors_stream import _start_thread
-
-    def fail() -> None:
-        raise OSError(28, "No space left on device")
-
-    wait = _start_thread(fail)
-    with pytest.raises(OSError, match="No space left"):
-        wait()
-    done: list[int] = []
-    _start_thread(done.append, 1)()
-    assert done == [1]

@@ -1,6 +1,6 @@
 """Offline hidden-state capture vs the target's pure prefill (issue 4: capture >= 70% of prefill tokens/s).
 
-Measures, on the same records, batched the same way (`eaglewire.data.capture`'s longest-first batches
+Measures, on the same records, batched the same way (`eaglewire.data.capture_batches`' longest-first batches
 of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same model in the same dtype:
 
   prefill          target forward, next-token logits of the last position only (`logits_to_keep=1`),
@@ -13,7 +13,7 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
   capture_states   the same without the mask, as `capture_records` runs it now
   capture_copies   capture_states + each batch's states copied on a copy stream into one pinned host
                    buffer pair allocated once (the copy alone: no allocation, no per-record split)
-  capture_records_by_shard `eaglewire.data.capture.launch_shards` shard by shard, each shard's
+  capture_records_by_shard `eaglewire.data.capture_batches.launch_shards` shard by shard, each shard's
                    records batched alone: + each record's rows copied on a copy stream into its
                    shard's pinned host buffers; each shard waited for before the next
   capture_records  the same a window at a time: consecutive shards of about WINDOW_BATCHES full
@@ -71,7 +71,8 @@ import torch
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.data.batching import WINDOW_BATCHES, capture_windows, length_batches
 from eaglewire.data.build import build_dataset, load_source
-from eaglewire.data.capture import capture_dataset, human_bytes, launch_shards
+from eaglewire.data.capture import capture_dataset, human_bytes
+from eaglewire.data.capture_batches import launch_shards
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.safetensors_stream import _byte_view
 from eaglewire.data.shards import shard_file_name, write_shard

@@ -11,7 +11,8 @@ import torch
 
 from eaglewire.data.batching import length_batches
 from eaglewire.data.build import build_dataset
-from eaglewire.data.capture import capture_dataset, capture_records
+from eaglewire.data.capture import capture_dataset
+from eaglewire.data.capture_batches import capture_records
 from eaglewire.data.shards import ShardDataset
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract

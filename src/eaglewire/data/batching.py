@@ -35,7 +35,7 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: in
 # single window for everything would leave no shard writes to overlap the forwards.
 WINDOW_BATCHES = 8
 
-# Capture forwards the host may queue ahead of the GPU (`capture.ForwardPacer` says why). H200 run
+# Capture forwards the host may queue ahead of the GPU (`capture_batches.ForwardPacer` says why). H200 run
 # 10 (BENCHMARKS.md section 3), 1M tokens end to end: 2.97 s at 2 and at 1, 3.24 s unbounded; 2
 # keeps a forward queued behind the running one, so the GPU never waits for the host.
 DEFAULT_PACE_BATCHES = 2

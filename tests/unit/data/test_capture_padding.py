@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglewire.data.build import build_dataset
-from eaglewire.data.capture import capture_records, launch_shards
+from eaglewire.data.capture_batches import capture_records, launch_shards
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
 from tests.helpers.tiny import CAPTURE_ARCHITECTURES, make_tiny_target, tiny_tokenizer

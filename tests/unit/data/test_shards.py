@@ -155,9 +155,9 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     """A batch that runs out of memory stops the capture with the flag to lower; the window captured
     before it (still in flight) is written, and the rerun resumes after it. window_tokens=1: each
     shard is its own window."""
-    import eaglewire.data.capture as capture_module
+    import eaglewire.data.capture_batches as batches_module
 
-    real, calls = capture_module.capture, []
+    real, calls = batches_module.capture, []
 
     def capture_then_oom(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(1)
@@ -166,13 +166,13 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
         return real(*args, **kwargs)
 
     out = tmp_path / "shards"
-    monkeypatch.setattr(capture_module, "capture", capture_then_oom)
+    monkeypatch.setattr(batches_module, "capture", capture_then_oom)
     with pytest.raises(
         ConfigError, match=r"(?s)3 records x \d+ tokens.*ran out of memory.*--max-batch-tokens"
     ):
         capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
     assert [s["index"] for s in json.loads((out / MANIFEST_FILE).read_text())["shards"]] == [0, 1]
-    monkeypatch.setattr(capture_module, "capture", real)
+    monkeypatch.setattr(batches_module, "capture", real)
     stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, show_progress=False)
     assert stats.shards_resumed == 2 and stats.shards_written == 1
     assert len(ShardDataset(out, verify="eager")) == len(dataset)
@@ -187,9 +187,9 @@ def test_a_window_is_written_while_the_next_one_is_captured(
     launch, it would never appear."""
     import time
 
-    import eaglewire.data.capture as capture_module
+    import eaglewire.data.capture_batches as batches_module
 
-    real, calls = capture_module.capture, []
+    real, calls = batches_module.capture, []
     out = tmp_path / "shards"
 
     def capture_after_shard0(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -201,7 +201,7 @@ def test_a_window_is_written_while_the_next_one_is_captured(
                 time.sleep(0.01)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(capture_module, "capture", capture_after_shard0)
+    monkeypatch.setattr(batches_module, "capture", capture_after_shard0)
     stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
     assert stats.shards_written == 3 and len(ShardDataset(out, verify="eager")) == len(dataset)
 

@@ -42,6 +42,7 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_SCHEMA = 1
 MANIFEST_FORMAT = "eaglewire-hidden-state-shards"
 SHARD_TENSORS = ("input_ids", "loss_mask", "aux", "final", "offsets")
+SHARD_DTYPES = {"input_ids": torch.int64, "loss_mask": torch.bool}  # aux and final: the contract's dtype
 
 
 def shard_file_name(index: int) -> str:
@@ -68,13 +69,22 @@ def write_shard(path: Path, index: int, first_record: int, content: ShardContent
 
     Each tensor's parts are streamed into the file (and its sha256) one after another, never
     joined in memory: see `safetensors_stream.write_safetensors_stream`."""
-    if not content.record_ids:
-        raise DataFormatError(f"shard {path}: no records")
+    if not content.record_ids or len(content.record_ids) != len(content.lengths):
+        raise DataFormatError(
+            f"shard {path}: expected one length per record, got {len(content.record_ids)} record ids and "
+            f"{len(content.lengths)} lengths"
+        )
     lengths = torch.tensor(content.lengths, dtype=torch.long)
     offsets = torch.zeros(len(content.lengths) + 1, dtype=torch.long)
     offsets[1:] = torch.cumsum(lengths, 0)
     N = int(offsets[-1])
     for name, parts in content.tensors().items():
+        want = SHARD_DTYPES.get(name)
+        bad = [str(p.dtype) for p in parts if want is not None and p.dtype != want]
+        if bad:
+            raise DataFormatError(
+                f"shard {path}: tensor {name!r}: expected {want}, got parts of {sorted(set(bad))}"
+            )
         rows = sum(int(p.shape[0]) for p in parts)
         if rows != N:
             raise DataFormatError(

@@ -195,6 +195,11 @@ def test_write_shard_names_a_tensor_whose_rows_do_not_add_up(tmp_path: Path) -> 
     with pytest.raises(DataFormatError, match=r"tensor 'aux' has 4 rows, expected 5"):
         write_shard(path, 0, 0, content)
     assert not path.exists()
+    int32 = ShardContent(**{**content.__dict__, "input_ids": [torch.arange(5, dtype=torch.int32)]})
+    with pytest.raises(
+        DataFormatError, match=r"tensor 'input_ids': expected torch.int64, got parts of \['torch.int32'\]"
+    ):
+        write_shard(path, 0, 0, int32)
     ok = ShardContent(**{**content.__dict__, "aux": [torch.arange(30.0).view(5, 6)]})
     info = write_shard(path, 0, 0, ok)
     got = load_file(str(path))

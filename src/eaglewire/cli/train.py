@@ -128,8 +128,10 @@ def train_command(
             progress=progress,
             ctx=ctx,
         )
-    finally:
-        shutdown_distributed()
+    except BaseException:
+        shutdown_distributed(wait_for_peers=False)
+        raise
+    shutdown_distributed()
     if not ctx.is_main:
         return
     report = {

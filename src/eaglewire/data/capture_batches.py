@@ -102,27 +102,28 @@ def launch_shards(
     dtype = getattr(torch, contract.dtype)
     Ht = contract.target.hidden_size
     recs: list[TokenizedRecord] = []
+    lengths: list[int] = []  # per record of `recs`
     where: list[tuple[int, int]] = []  # per record of `recs`: (its group, its first row in the group)
     packed: list[ShardContent] = []
     for g, indices in enumerate(groups):
         group = [dataset[i] for i in indices]
-        lengths = [int(r.input_ids.numel()) for r in group]
+        group_lengths = [int(r.input_ids.numel()) for r in group]
         rows = 0
-        for T in lengths:
+        for T in group_lengths:
             where.append((g, rows))
             rows += T
         recs.extend(group)
+        lengths.extend(group_lengths)
         packed.append(
             ShardContent(
                 record_ids=[r.record_id for r in group],
-                lengths=lengths,
+                lengths=group_lengths,
                 input_ids=[torch.cat([r.input_ids.to(torch.int64) for r in group])],  # [N]
                 loss_mask=[torch.cat([r.loss_mask.bool() for r in group])],  # [N]
                 aux=[torch.empty((rows, contract.num_aux * Ht), dtype=dtype, pin_memory=on_cuda)],
                 final=[torch.empty((rows, Ht), dtype=dtype, pin_memory=on_cuda)],
             )
         )
-    lengths = [int(r.input_ids.numel()) for r in recs]
     for batch in length_batches(lengths, batch_size, max_batch_tokens):
         width = max(lengths[i] for i in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T] right-padded

@@ -34,8 +34,13 @@ shape) would not: the baseline is generous. A torch.profiler pass over capture_r
 top host and device operations to the JSON (`profile`).
 
 tokens/s counts real (unpadded) tokens in every row; padding costs the same in all of them. The
-in-memory rows are CUDA-synchronised wall times. capture_dataset: --dataset-repeats runs (median), each timed by the library itself (`CaptureStats.seconds`, the number
-the CLI prints) and, in `wall_s`, around the whole call (contract fingerprint and writer setup too).
+in-memory rows are CUDA-synchronised wall times. capture_dataset rows (the library's defaults, and
+each --dataset-shard-records / --pace-batches / --second-work / --switch-interval variant): one
+untimed cold run first (`cold_capture`: the first capture of a process page-locks its host
+buffers), then --dataset-repeats rounds, interleaved, each run timed by the library itself
+(`CaptureStats.seconds`, the number the CLI prints; median) and, in `wall_s`, around the whole call
+(contract fingerprint and writer setup too). Each run follows one timed prefill_unmasked pass, so
+it also has a ratio to a prefill on the same clock (`paired_ratios`, median per row).
 
     PYTHONPATH=src:. python3 benchmarks/capture_speed.py --target smollm2 --out capture_speed.json  # GPU
     PYTHONPATH=src:. python3 benchmarks/capture_speed.py --tiny --out /tmp/capture_tiny.json        # CPU check
@@ -62,7 +67,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +178,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run capture_dataset (on --work) with each of these pace_batches (rows "
         "capture_dataset_pace<N>: the host at most N batches ahead of the GPU, 0 = unbounded; the row "
         f"capture_dataset has the library's {CAPTURE_DEFAULTS['pace_batches']}); '' = none",
+    )
+    p.add_argument(
+        "--dataset-shard-records",
+        default="",
+        help="also run capture_dataset with each of these shard sizes (rows capture_dataset_shards<N>), "
+        "interleaved with the others; '' = none",
     )
     p.add_argument(
         "--end-to-end-only",
@@ -345,21 +356,37 @@ def row(name: str, tokens: int, seconds: list[float], what: str) -> dict[str, An
     }
 
 
-def dataset_row(
-    name: str,
+@dataclass(frozen=True)
+class DatasetVariant:
+    """One capture_dataset row: where its shards go and the settings it changes."""
+
+    name: str
+    work_root: Path
+    what: str
+    shard_records: int
+    pace_batches: int = CAPTURE_DEFAULTS["pace_batches"]
+    switch_interval: float = 0.0  # > 0: sys.setswitchinterval for this row's runs only
+
+
+def dataset_rows(
+    variants: list[DatasetVariant],
     target: LoadedTarget,
     ds: TokenizedDataset,
     source: str,
-    work_root: Path,
     args: argparse.Namespace,
-    pace_batches: int = CAPTURE_DEFAULTS["pace_batches"],
-) -> dict[str, Any]:
-    """`capture_dataset` end to end, --dataset-repeats times, each into a fresh folder under
-    `work_root` (median of the library's own CaptureStats.seconds; wall_s around the whole call)."""
-    runs: list[tuple[Any, float]] = []  # (CaptureStats, wall seconds) per run
-    shard_dir = work_root
-    for _ in range(max(1, args.dataset_repeats)):
-        shard_dir = Path(tempfile.mkdtemp(prefix="capture_speed_", dir=work_root))
+    baseline: Callable[[], None],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`capture_dataset` end to end for every variant, --dataset-repeats rounds, interleaved (round r
+    runs each variant once, in turn), each run into a fresh folder and right after one timed pass of
+    `baseline`, so each run has a ratio to a prefill on the same GPU clock (`paired_ratio_all`).
+    One untimed run of the first variant comes first: the first capture of a process page-locks
+    fresh host buffers (reported as `cold`). Returns (rows, cold)."""
+
+    def run(v: DatasetVariant) -> tuple[Any, float]:
+        shard_dir = Path(tempfile.mkdtemp(prefix="capture_speed_", dir=v.work_root))
+        default_interval = sys.getswitchinterval()
+        if v.switch_interval > 0:  # a diagnosis row: the library never changes the interpreter's setting
+            sys.setswitchinterval(v.switch_interval)
         try:
             t0 = time.perf_counter()
             stats = capture_dataset(
@@ -368,45 +395,58 @@ def dataset_row(
                 shard_dir,
                 batch_size=args.batch_size,
                 max_batch_tokens=args.max_batch_tokens,
-                shard_records=args.shard_records,
+                shard_records=v.shard_records,
                 write_workers=args.write_workers,
                 source=source,
                 show_progress=False,
-                pace_batches=pace_batches,
+                pace_batches=v.pace_batches,
             )
-            runs.append((stats, time.perf_counter() - t0))
+            return stats, time.perf_counter() - t0
         finally:
+            sys.setswitchinterval(default_interval)
             if not args.keep_shards:
                 shutil.rmtree(shard_dir, ignore_errors=True)
-    stats = runs[0][0]
-    out = row(
-        name,
-        stats.tokens,
-        [s.seconds for s, _ in runs],
-        f"eaglewire data capture's library call: + shards written under {work_root}"
-        + (
-            f", the host at most {pace_batches} batches ahead of the GPU"
-            if pace_batches
-            else ", launches unbounded"
-        ),
-    )
-    wall = statistics.median(w for _, w in runs)
-    out.update(
-        wall_s=wall,
-        wall_s_all=[w for _, w in runs],
-        wall_tokens_per_s=stats.tokens / wall if wall > 0 else 0.0,
-        shards=stats.shards_written,
-        written_bytes=stats.written_bytes,
-        write_mb_per_s=stats.written_bytes / out["seconds"] / 1e6 if out["seconds"] > 0 else 0.0,
-        shard_dir=str(shard_dir) if args.keep_shards else None,
-        phases_all=[
-            {k: round(v, 3) for k, v in asdict(s).items() if k.endswith("_seconds")} for s, _ in runs
-        ],
-    )
-    log.info("%s: %.0f tok/s, %.0f MB/s (runs %s s)", name, out["tokens_per_s"], out["write_mb_per_s"], [round(x, 3) for x in out["seconds_all"]])  # fmt: skip
-    for s, _ in runs:
-        log.info("%s: %s", name, s.phases())
-    return out
+
+    cold_stats, cold_wall = run(variants[0])
+    cold = {"row": variants[0].name, "seconds": cold_stats.seconds, "wall_s": cold_wall}
+    log.info("cold capture_dataset (%s, untimed): %.2f s", variants[0].name, cold_stats.seconds)
+    runs: dict[str, list[tuple[Any, float, float]]] = {
+        v.name: [] for v in variants
+    }  # stats, wall, baseline s
+    for r in range(max(1, args.dataset_repeats)):
+        for v in variants:
+            base = timed(baseline, target.device)
+            stats, wall = run(v)
+            runs[v.name].append((stats, wall, base))
+        log.info("capture_dataset round %d/%d done", r + 1, args.dataset_repeats)
+    rows = []
+    for v in variants:
+        done = runs[v.name]
+        stats = done[0][0]
+        out = row(v.name, stats.tokens, [s.seconds for s, _, _ in done], v.what)
+        wall = statistics.median(w for _, w, _ in done)
+        paired = [b / s.seconds for s, _, b in done if s.seconds > 0]  # capture tok/s over prefill tok/s
+        out.update(
+            shard_records=v.shard_records,
+            pace_batches=v.pace_batches,
+            wall_s=wall,
+            wall_s_all=[w for _, w, _ in done],
+            wall_tokens_per_s=stats.tokens / wall if wall > 0 else 0.0,
+            baseline_s_all=[b for _, _, b in done],
+            paired_ratio_all=paired,
+            paired_ratio=statistics.median(paired) if paired else 0.0,
+            shards=stats.shards_written,
+            written_bytes=stats.written_bytes,
+            write_mb_per_s=stats.written_bytes / out["seconds"] / 1e6 if out["seconds"] > 0 else 0.0,
+            phases_all=[
+                {k: round(x, 3) for k, x in asdict(s).items() if k.endswith("_seconds")} for s, _, _ in done
+            ],
+        )
+        log.info("%s: %.0f tok/s, %.0f MB/s, paired ratios %s (runs %s s)", v.name, out["tokens_per_s"], out["write_mb_per_s"], [round(x, 3) for x in paired], [round(x, 3) for x in out["seconds_all"]])  # fmt: skip
+        for s, _, _ in done:
+            log.info("%s: %s", v.name, s.phases())
+        rows.append(out)
+    return rows, cold
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -579,20 +619,60 @@ def main(argv: list[str] | None = None) -> int:
         if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)
             rows.extend(writer_rows(ds, shards, captured, args.second_work, args, suffix="_second"))
         del captured  # freed before the end-to-end runs, which hold their own
-    end_to_end = dataset_row("capture_dataset", target, ds, source, work_root, args)
-    rows.append(end_to_end)
-    if args.second_work is not None:
-        rows.append(dataset_row("capture_dataset_second", target, ds, source, args.second_work, args))
-    for depth in [int(x) for x in args.pace_batches.split(",") if x.strip()]:
-        rows.append(dataset_row(f"capture_dataset_pace{depth}", target, ds, source, work_root, args, depth))
-    if args.switch_interval > 0:  # a diagnosis row: the library never changes the interpreter's setting
-        default_interval = sys.getswitchinterval()
-        sys.setswitchinterval(args.switch_interval)
-        try:
-            rows.append(dataset_row("capture_dataset_switch", target, ds, source, work_root, args))
-        finally:
-            sys.setswitchinterval(default_interval)
+    what = "eaglewire data capture's library call: + shards written under {}, {} records a shard, {}"
 
+    def paced(depth: int) -> str:
+        return f"the host at most {depth} batches ahead of the GPU" if depth else "launches unbounded"
+
+    default_pace = CAPTURE_DEFAULTS["pace_batches"]
+    dataset_variants = [
+        DatasetVariant(
+            "capture_dataset",
+            work_root,
+            what.format(work_root, args.shard_records, paced(default_pace)),
+            args.shard_records,
+        )
+    ]
+    for n in [int(x) for x in args.dataset_shard_records.split(",") if x.strip()]:
+        dataset_variants.append(
+            DatasetVariant(
+                f"capture_dataset_shards{n}", work_root, what.format(work_root, n, paced(default_pace)), n
+            )
+        )
+    if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)
+        dataset_variants.append(
+            DatasetVariant(
+                "capture_dataset_second",
+                args.second_work,
+                what.format(args.second_work, args.shard_records, paced(default_pace)),
+                args.shard_records,
+            )
+        )
+    for depth in [int(x) for x in args.pace_batches.split(",") if x.strip()]:
+        dataset_variants.append(
+            DatasetVariant(
+                f"capture_dataset_pace{depth}",
+                work_root,
+                what.format(work_root, args.shard_records, paced(depth)),
+                args.shard_records,
+                pace_batches=depth,
+            )
+        )
+    if args.switch_interval > 0:
+        dataset_variants.append(
+            DatasetVariant(
+                "capture_dataset_switch",
+                work_root,
+                what.format(work_root, args.shard_records, paced(default_pace))
+                + f", sys.setswitchinterval({args.switch_interval})",
+                args.shard_records,
+                switch_interval=args.switch_interval,
+            )
+        )
+    with torch.no_grad():
+        end_to_end_rows, cold = dataset_rows(dataset_variants, target, ds, source, args, prefill_unmasked)
+    rows.extend(end_to_end_rows)
+    end_to_end = end_to_end_rows[0]
     # the goal's baseline: the fastest prefill
     baseline = max((r for r in rows if r["name"].startswith("prefill")), key=lambda r: r["tokens_per_s"])
     prefill_tps = baseline["tokens_per_s"]
@@ -625,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         "repeats": args.repeats,
         "dataset_repeats": len(end_to_end["seconds_all"]),
+        "cold_capture": cold,
+        "paired_ratios": {r["name"]: r["paired_ratio"] for r in end_to_end_rows},
         "rows": rows,
         "capture_over_prefill": ratio,
         "capture_wall_over_prefill": end_to_end["wall_tokens_per_s"] / prefill_tps if prefill_tps else 0.0,
@@ -644,6 +726,12 @@ def main(argv: list[str] | None = None) -> int:
         f"| {result['device']} | {dtype} | {tokens} | {prefill_tps:,.0f} | {end_to_end['tokens_per_s']:,.0f} "
         f"| {ratio:.2f} | {'met' if result['goal_met'] else 'MISSED'} | {human_bytes(end_to_end['written_bytes'])} |"
     )
+    print("| capture_dataset row | shard records | median s | vs prefill | paired with its prefill pass |")
+    for r in end_to_end_rows:
+        print(
+            f"| {r['name']} | {r['shard_records']} | {r['seconds']:.3f} | {r['tokens_per_s'] / prefill_tps:.2f} "
+            f"| {' '.join(f'{x:.2f}' for x in r['paired_ratio_all'])} (median {r['paired_ratio']:.2f}) |"
+        )
     return 0
 
 

@@ -34,7 +34,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -142,10 +142,11 @@ do_capture() {
     timeout "${CAPTURE_TIMEOUT_S:-300}" "$PY" benchmarks/capture_speed.py --tiny --work "$SMOL/work" --out "$out"
   else
     # The shards go to $SMOL/work (the disk); when /dev/shm (RAM) has room for them, the writer rows
-    # and capture_dataset also run there, to separate the disk from the capture (--second-work).
+    # and capture_dataset also run there, to separate the disk from the capture (--second-work);
+    # CAPTURE_SHM=0 leaves that out.
     local second=() shm=/dev/shm/eaglewire_capture
     df -h "$SMOL" /dev/shm 2>&1 | sed 's/^/  df: /'
-    if [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')" -ge 16 ] 2>/dev/null; then
+    if [ "${CAPTURE_SHM:-1}" = 1 ] && [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ')" -ge 16 ] 2>/dev/null; then
       second=(--second-work "$shm")
     fi
     # shellcheck disable=SC2086 # CAPTURE_ARGS: extra flags, word-split on purpose

@@ -8,7 +8,12 @@ from typing import Any
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
-from eaglewire.data.batching import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PACE_BATCHES
+from eaglewire.data.batching import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_PACE_BATCHES,
+    DEFAULT_SHARD_RECORDS,
+)
 
 data_app = typer.Typer(
     help="Training data: regenerate answers, tokenize, vocab map, capture, import.", no_args_is_help=True
@@ -237,7 +242,9 @@ def capture_cmd(
         "--max-batch-tokens",
         help="padded tokens per forward at most (lower it if the target runs out of GPU memory)",
     ),
-    shard_records: int = typer.Option(256, "--shard-records", help="records per shard file"),
+    shard_records: int = typer.Option(
+        DEFAULT_SHARD_RECORDS, "--shard-records", help="records per shard file"
+    ),
     write_workers: int = typer.Option(
         8, "--write-workers", help="threads writing shards while the target computes the next ones"
     ),
@@ -353,7 +360,9 @@ def import_cmd(
     all_tokens_loss: bool = typer.Option(
         False, "--all-tokens-loss", help="speculators without masks: loss on every token"
     ),
-    shard_records: int = typer.Option(256, "--shard-records"),
+    shard_records: int = typer.Option(
+        DEFAULT_SHARD_RECORDS, "--shard-records", help="records per shard file"
+    ),
     verify: bool = typer.Option(False, "--verify", help="load the target and check the stated ids by values"),
     dtype: str = typer.Option("bfloat16", "--dtype", help="dtype for --verify"),
 ) -> None:

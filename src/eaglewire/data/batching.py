@@ -40,6 +40,14 @@ WINDOW_BATCHES = 8
 # keeps a forward queued behind the running one, so the GPU never waits for the host.
 DEFAULT_PACE_BATCHES = 2
 
+# Records per shard file. After the last forward, the last window's shards are still to be hashed and
+# written, each by one thread, so the tail is about one shard's write; and each writer holds a whole
+# shard in pinned host memory. H200 run 12 (BENCHMARKS.md section 3), 1M chitchat tokens: 32-record
+# shards (~105 MB) 2.43 s end to end, drain 0.17-0.19 s, against 2.55 s and 0.27-0.31 s at 64 and
+# 2.44 s at 16 (more files, no shorter tail). At 256 (the default before) one shard is ~850 MB: ~1 s
+# of tail, and 8 writers' shards alone pin ~7 GB.
+DEFAULT_SHARD_RECORDS = 32
+
 
 def capture_windows(shard_tokens: Sequence[int], window_tokens: int) -> list[list[int]]:
     """Group shards (positions in `shard_tokens`, each shard's token count) into consecutive windows

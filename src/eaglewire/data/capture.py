@@ -1,7 +1,7 @@
 """Offline capture: run the target over a tokenized dataset and write hidden-state shards.
 
 Logs a storage estimate before starting and throughput (tokens/s) per shard and overall.
-Resumes an interrupted run: shards listed in the manifest are skipped (after checking the
+Resumes an interrupted run: shards listed in the manifest or its journal are skipped (after checking the
 target still matches the stored contract's fingerprint by values).
 """
 
@@ -25,6 +25,7 @@ from eaglewire.data.batching import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PACE_BATCHES,
+    DEFAULT_SHARD_RECORDS,
     WINDOW_BATCHES,
     capture_windows,
 )
@@ -128,7 +129,7 @@ def capture_dataset(
     final_norm: NormSide = "pre",
     batch_size: int = DEFAULT_BATCH_SIZE,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-    shard_records: int = 256,
+    shard_records: int = DEFAULT_SHARD_RECORDS,
     source: str = "",
     show_progress: bool = True,
     write_workers: int = 8,
@@ -297,7 +298,7 @@ def capture_dataset(
                 )
             except BaseException:
                 # the windows launched before are captured: their shards are still written (each
-                # listed in the manifest as it completes) so a resumed run skips them
+                # journaled as it completes) so a resumed run skips them
                 _finish_quietly(handed, pending)
                 raise
             if on_cuda:

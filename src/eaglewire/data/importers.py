@@ -41,6 +41,7 @@ from safetensors import safe_open
 from eaglewire.contract.contract import Contract, FinalState, TargetIdentity
 from eaglewire.contract.fingerprint import Fingerprint, StateKey, fingerprint_tensor, match_fingerprint
 from eaglewire.contract.numbering import Numbering, to_boundaries
+from eaglewire.data.batching import DEFAULT_SHARD_RECORDS
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import ShardWriter
 from eaglewire.data.types import CapturedRecord, ShardContent
@@ -293,7 +294,7 @@ def import_hidden_states(
     layer_ids: Sequence[int] | None = None,
     masks: Path | None = None,
     all_tokens_loss: bool = False,
-    shard_records: int = 256,
+    shard_records: int = DEFAULT_SHARD_RECORDS,
     verify_target: LoadedTarget | None = None,
 ) -> ImportStats:
     """Convert `source` (engine layout) into eaglewire shards under `output`; writes manifest + contract."""

@@ -8,8 +8,14 @@ A shard directory holds:
   (`record_ids`, a JSON list).
 - `contract.json`: the hidden-state contract (target identity, boundaries, fingerprint).
 - `manifest.json`: the contract again, the source, record/token counts, and one entry per
-  completed shard (file, first record, counts, bytes, sha256). It is rewritten atomically
-  after every shard, so an interrupted run resumes at the first shard not listed.
+  completed shard (file, first record, counts, bytes, sha256), rewritten atomically when a
+  capture starts and when it finishes.
+- `shards.jsonl`, while a capture runs: the journal, one line (the same entry) appended per
+  shard completed since the manifest was last written. Rewriting the manifest after every shard
+  instead costs O(shards) each time, under the writers' lock: 40 ms at 4,000 shards, ~80 s over a
+  capture of that many. `load_manifest` reads the two together, so an interrupted run resumes at
+  the first shard listed in neither (a torn last line from a kill is ignored: that shard is
+  written again).
 
 Shards are streamed to disk in one pass, hashed as they are written, and written atomically
 (temporary file + rename). `ShardDataset` verifies each shard's sha256 the first time it is
@@ -39,6 +45,7 @@ from eaglewire.typed_config import read_json_file
 log = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
+JOURNAL_FILE = "shards.jsonl"
 MANIFEST_SCHEMA = 1
 MANIFEST_FORMAT = "eaglewire-hidden-state-shards"
 SHARD_TENSORS = ("input_ids", "loss_mask", "aux", "final", "offsets")
@@ -119,11 +126,49 @@ def load_manifest(directory: Path) -> dict[str, Any]:
             f"{path}: format/schema expected {MANIFEST_FORMAT}/{MANIFEST_SCHEMA}, got "
             f"{manifest.get('format')}/{manifest.get('schema_version')}"
         )
-    return dict(manifest)
+    manifest = dict(manifest)
+    journaled = read_journal(Path(directory) / JOURNAL_FILE)
+    if journaled:  # a capture running or interrupted: its shards since the manifest was written
+        by_index = {s["index"]: s for s in manifest["shards"]}
+        by_index.update((s.index, s.to_json()) for s in journaled)
+        shards = [by_index[i] for i in sorted(by_index)]
+        manifest.update(
+            shards=shards,
+            num_records=sum(s["records"] for s in shards),
+            num_tokens=sum(s["tokens"] for s in shards),
+            num_loss_tokens=sum(s["loss_tokens"] for s in shards),
+            bytes=sum(s["bytes"] for s in shards),
+        )
+    return manifest
+
+
+def read_journal(path: Path) -> list[ShardInfo]:
+    """The shard entries in a capture's journal (none if there is no journal). A last line that does
+    not parse is what a kill mid-append leaves: ignored, so its shard is written again; any other
+    bad line is an error naming the file and line."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    out: list[ShardInfo] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(ShardInfo(**json.loads(line)))
+        except (ValueError, TypeError) as e:
+            if all(not rest.strip() for rest in lines[n:]):  # the last line: torn by a kill
+                log.warning("%s:%d: incomplete last entry ignored (its shard will be written again)", path, n)
+                break
+            raise DataFormatError(
+                f"{path}:{n}: not a shard entry ({e}): {line[:120]!r}",
+                fix=f"delete {path.name} and rerun the capture: shards it listed are written again",
+            ) from e
+    return out
 
 
 class ShardWriter:
-    """Writes shards and keeps `manifest.json` current; resumes a compatible earlier run.
+    """Writes shards, journals each one (`shards.jsonl`) and writes `manifest.json` at the start and
+    at `finish`; resumes a compatible earlier run.
 
     `plan` identifies what is being written (dataset ids hash, shard size, source); a rerun
     with another plan or contract is refused rather than mixed into the same directory.
@@ -175,9 +220,11 @@ class ShardWriter:
         """Write one shard (safe to call from several threads: the files are independent and the
         manifest update is serialised; resume keys on shard index, so completion order is free)."""
         info = write_shard(self.directory / shard_file_name(index), index, first_record, content)
+        line = json.dumps(info.to_json()) + "\n"
         with self._lock:
             self.shards[index] = info
-            self._save(complete=False)
+            with open(self.directory / JOURNAL_FILE, "a", encoding="utf-8") as journal:
+                journal.write(line)
         return info
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -200,6 +247,9 @@ class ShardWriter:
             "shards": [s.to_json() for s in shards],
         }
         atomic_write_json(self.directory / MANIFEST_FILE, manifest)
+        # every journaled shard is in the manifest now (a kill before this line leaves duplicates,
+        # which load_manifest merges by index)
+        (self.directory / JOURNAL_FILE).unlink(missing_ok=True)
         return manifest
 
 

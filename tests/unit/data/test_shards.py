@@ -14,7 +14,15 @@ from eaglewire.data.build import build_dataset
 from eaglewire.data.capture import capture_dataset, estimate_storage
 from eaglewire.data.formats import Conversation, Message
 from eaglewire.data.records import TokenizedDataset
-from eaglewire.data.shards import MANIFEST_FILE, ShardDataset, shard_file_name
+from eaglewire.data.shards import (
+    JOURNAL_FILE,
+    MANIFEST_FILE,
+    ShardDataset,
+    ShardWriter,
+    load_manifest,
+    shard_file_name,
+)
+from eaglewire.data.types import ShardContent
 from eaglewire.errors import ConfigError, ContractMismatchError, DataFormatError
 from eaglewire.target.capture import capture_all
 from tests.helpers.tiny import make_tiny_target, tiny_tokenizer
@@ -122,6 +130,55 @@ def test_resume_after_interruption(tmp_path: Path, target, dataset: TokenizedDat
         capture_dataset(target, dataset, out, shard_records=4, aux_boundaries=[1, 2, 3], show_progress=False)
 
 
+def test_shards_are_journaled_and_the_manifest_written_at_start_and_finish(
+    tmp_path: Path, target, dataset: TokenizedDataset
+) -> None:  # type: ignore[no-untyped-def]
+    """Each shard appends one journal line instead of rewriting the whole manifest (O(shards) per
+    shard); readers see the two merged while a capture runs, and `finish` folds the journal in.
+    A torn last line (a kill mid-append) is ignored; a bad line before the last is an error that
+    names the file and line."""
+    out = tmp_path / "shards"
+    capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    finished = load_manifest(out)
+    assert not (out / JOURNAL_FILE).exists() and finished["complete"]
+    records = [ShardDataset(out)[i] for i in range(len(dataset))]
+
+    def content(lo: int, hi: int) -> ShardContent:
+        return ShardContent.from_records(records[lo:hi])
+
+    again = tmp_path / "again"
+    plan = {"test": "journal"}
+    writer = ShardWriter(again, Contract.load(out), plan=plan, total_records=len(dataset))
+    writer.write(1, 4, content(4, 8))
+    writer.write(0, 0, content(0, 4))
+    assert json.loads((again / MANIFEST_FILE).read_text())["shards"] == []  # not rewritten per shard
+    assert len((again / JOURNAL_FILE).read_text().splitlines()) == 2
+    merged = load_manifest(again)
+    assert [s["index"] for s in merged["shards"]] == [0, 1] and not merged["complete"]
+    assert merged["num_records"] == 8 and merged["num_tokens"] == sum(
+        int(r.input_ids.numel()) for r in records[:8]
+    )
+    assert merged["shards"] == finished["shards"][:2]  # the same entries as the one-pass capture
+
+    # a kill mid-append: the torn line is ignored, its shard counted as not written
+    with open(again / JOURNAL_FILE, "a") as f:
+        f.write('{"index": 2, "file": "shard_000')
+    assert [s["index"] for s in load_manifest(again)["shards"]] == [0, 1]
+    resumed = ShardWriter(again, Contract.load(out), plan=plan, total_records=len(dataset))
+    assert resumed.done(0) and resumed.done(1) and not resumed.done(2)
+    assert not (again / JOURNAL_FILE).exists()  # folded into the manifest at the start
+    assert [s["index"] for s in json.loads((again / MANIFEST_FILE).read_text())["shards"]] == [0, 1]
+    resumed.write(2, 8, content(8, len(dataset)))
+    resumed.finish()
+    assert load_manifest(again)["shards"] == finished["shards"] and not (again / JOURNAL_FILE).exists()
+    assert len(ShardDataset(again, verify="eager")) == len(dataset)
+
+    # a bad line that is not the last one is not a torn append: named, not skipped
+    (again / JOURNAL_FILE).write_text('not json\n{"index": 0}\n')
+    with pytest.raises(DataFormatError, match=rf"{JOURNAL_FILE}:1: not a shard entry"):
+        load_manifest(again)
+
+
 def test_checksum_failure_names_the_shard(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "shards"
     capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
@@ -171,7 +228,9 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
         ConfigError, match=r"(?s)3 records x \d+ tokens.*ran out of memory.*--max-batch-tokens"
     ):
         capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
-    assert [s["index"] for s in json.loads((out / MANIFEST_FILE).read_text())["shards"]] == [0, 1]
+    # interrupted: the manifest (written at the start) lists no shard, the journal the two written
+    assert json.loads((out / MANIFEST_FILE).read_text())["shards"] == []
+    assert [s["index"] for s in load_manifest(out)["shards"]] == [0, 1]
     monkeypatch.setattr(batches_module, "capture", real)
     stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, show_progress=False)
     assert stats.shards_resumed == 2 and stats.shards_written == 1

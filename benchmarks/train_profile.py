@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -35,6 +36,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from eaglewire.data.build import build_dataset
 from eaglewire.data.builtin import load_builtin
+from eaglewire.data.capture import capture_dataset
+from eaglewire.data.shards import ShardDataset
 from eaglewire.data.vocab import build_draft_vocab
 from eaglewire.draft.init import init_draft
 from eaglewire.recipes.quickstart_data import first_user_turns
@@ -45,7 +48,7 @@ from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import init_distributed
 from eaglewire.train.loop import Trainer
 from eaglewire.train.objective import batch_step_rows
-from eaglewire.train.target_side import OnlineTarget
+from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 
 
 def say(message: str) -> None:
@@ -129,13 +132,28 @@ def profile_step(trainer: Trainer, index: int) -> dict[str, Any]:
 
 
 def run_setting(
-    name: str, target: LoadedTarget, ds: Any, d2t: torch.Tensor, config: TrainConfig, args: argparse.Namespace
+    name: str,
+    target: LoadedTarget,
+    ds: Any,
+    d2t: torch.Tensor,
+    config: TrainConfig,
+    args: argparse.Namespace,
+    shards: ShardDataset | None = None,
 ) -> dict[str, Any] | None:
+    """One setting; with `shards` (ds captured), offline: the records' states read from the shards
+    and the labels from the target's head on their final states, as `eaglewire train` on a shard
+    directory does, instead of the target's forward in every step."""
     ctx = init_distributed(str(target.device))
-    contract = build_contract(target, None, final_norm="pre")
+    contract = shards.contract if shards is not None else build_contract(target, None, final_norm="pre")
     width = args.draft_intermediate_size or None  # 0: the target's MLP width
     draft = init_draft(target, contract, draft_to_target=d2t, seed=0, intermediate_size=width)
-    side = OnlineTarget(target, contract, draft.get_buffer("draft_to_target"))
+    side: OnlineTarget | OfflineTarget
+    if shards is None:
+        side = OnlineTarget(target, contract, draft.get_buffer("draft_to_target"))
+    else:
+        head = TargetHead.from_target(target, contract.final)
+        side = OfflineTarget(head, contract, draft.get_buffer("draft_to_target"), device=target.device)
+        ds = shards
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
             config, draft, contract, ds, side, out_dir=Path(tmp), eval_data=None, resume=False, ctx=ctx
@@ -168,6 +186,7 @@ def run_setting(
     step_ms = statistics.median(walls)
     return {
         "setting": name,
+        "data": "offline" if shards is not None else "online",
         "batch_size": config.batch_size,
         "ttt_steps": config.ttt_steps,
         "draft_intermediate_size": draft.config.intermediate_size,
@@ -201,6 +220,14 @@ def main() -> None:
         default=None,
         help="explicit ROWS:off|on pairs, e.g. 16:off,16:on,32:off (instead of every --batch-sizes x --compile)",
     )
+    ap.add_argument(
+        "--data",
+        type=lambda s: [x.strip() for x in s.split(",")],
+        default=["online"],
+        help="online,offline: also train from shards of the same records, captured once into --work "
+        "first (each setting's rows then run both ways; offline rows are named '... offline')",
+    )
+    ap.add_argument("--work", type=Path, default=None, help="where offline shards go (default: temp dir)")
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument(
         "--draft-intermediate-size",
@@ -226,6 +253,17 @@ def main() -> None:
     convs = [first_user_turns(c, 3) for c in load_builtin("chitchat", "train")[: args.conversations]]
     ds, _ = build_dataset(convs, target.tokenizer, max_length=args.max_length, show_progress=False)
     d2t = build_draft_vocab(ds, args.vd, vocab_size=target.vocab_size).draft_to_target
+    bad = sorted(set(args.data) - {"online", "offline"})
+    if bad:
+        raise SystemExit(f"--data: expected online and/or offline, got {bad}")
+    shards = None
+    if "offline" in args.data:
+        shard_dir = Path(tempfile.mkdtemp(prefix="train_profile_shards_", dir=args.work))
+        say(f"capturing {len(ds)} records ({ds.num_tokens} tokens) into {shard_dir}")
+        t0 = time.perf_counter()
+        capture_dataset(target, ds, shard_dir, show_progress=False)
+        say(f"captured in {time.perf_counter() - t0:.1f} s")
+        shards = ShardDataset(shard_dir)
     rows = []
     settings = args.settings or list(itertools.product(args.batch_sizes, args.compile))
     if args.tiny and args.settings:
@@ -240,11 +278,22 @@ def main() -> None:
             compile=compiled,
         )
         name = f"b{b} s{args.ttt_steps}" + (" compiled" if compiled else "")
-        row = run_setting(name, target, ds, d2t, config, args)
-        if row is not None:
-            rows.append(row)
-        if args.out:  # after every setting: a run cut by its timeout keeps the settings it finished
-            args.out.write_text(json.dumps(rows, indent=1))
+        for kind in args.data:
+            row = run_setting(
+                name + (" offline" if kind == "offline" else ""),
+                target,
+                ds,
+                d2t,
+                config,
+                args,
+                shards if kind == "offline" else None,
+            )
+            if row is not None:
+                rows.append(row)
+            if args.out:  # after every setting: a run cut by its timeout keeps the settings it finished
+                args.out.write_text(json.dumps(rows, indent=1))
+    if shards is not None and args.work is None:
+        shutil.rmtree(shards.directory, ignore_errors=True)
     for r in rows:
         print(f"\n== {r['setting']}: top kernels (ms) / host ops (ms, calls)")
         for n, ms in r["top_kernels_ms"]:

@@ -34,7 +34,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -230,12 +230,38 @@ print("--train-compile" if verdicts and all(verdicts) else "", end="")
 PYEOF
 }
 
+# QS_TRAIN_FROM_SHARDS=auto: train from shards captured once in the data stage (quickstart
+# --train-from-shards) only when this session's train_profile step (TRAIN_PROFILE_ARGS with
+# --data online,offline) measured offline steps at least 5% faster than online ones at the
+# quickstart's batch size, eager. The capture adds to the data stage, not to the training budget.
+shards_gate() {
+  local prof="$results/train_profile.json"
+  [ "${QS_TRAIN_FROM_SHARDS:-}" = auto ] || return 0
+  [ -f "$prof" ] || { say "shards gate: no $prof: training stays online" >&2; return 0; }
+  "$PY" - "$prof" "${QS_ARGS:-}" <<'PYEOF'
+import json, sys
+from eaglewire.recipes.presets import PRESETS
+args = sys.argv[2].split()
+batch = int(args[args.index("--batch-size") + 1]) if "--batch-size" in args else PRESETS["gpu"].batch_size
+rows = {r["setting"]: r for r in json.load(open(sys.argv[1])) if r["batch_size"] == batch}
+online = [r for n, r in rows.items() if r.get("data", "online") == "online" and "compiled" not in n]
+pairs = [(r, rows.get(r["setting"] + " offline")) for r in online]
+verdicts = [off is not None and off["tokens_per_s"] >= 1.05 * on["tokens_per_s"] for on, off in pairs]
+for on, off in pairs:
+    print(f"shards gate: {on['setting']}: online {on['tokens_per_s']:.0f} tok/s, offline "
+          + ("-" if off is None else f"{off['tokens_per_s']:.0f} tok/s ({off['tokens_per_s'] / on['tokens_per_s']:.2f}x)"),
+          file=sys.stderr)
+print("--train-from-shards" if verdicts and all(verdicts) else "", end="")
+PYEOF
+}
+
 do_quickstart() {
-  local extra
+  local extra shards
   extra=$(compile_gate)
+  shards=$(shards_gate)
   # shellcheck disable=SC2086 # QS_ARGS: extra flags (e.g. shorter budgets), word-split on purpose
   timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
-    --out "$runs/quickstart" ${QS_ARGS:-} $extra
+    --out "$runs/quickstart" ${QS_ARGS:-} $extra $shards
 }
 
 do_sweep() {

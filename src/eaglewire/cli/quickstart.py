@@ -139,6 +139,12 @@ def quickstart(
         "--train-compile/--train-eager",
         help="override: torch.compile the draft's forward in training, or run it eagerly",
     ),
+    train_from_shards: bool = typer.Option(
+        None,
+        "--train-from-shards/--train-online",
+        help="override: capture the training data's hidden states to shards once and train from them, "
+        "or run the target inside every training step",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
@@ -164,6 +170,7 @@ def quickstart(
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
         train_compile=train_compile,
+        train_from_shards=train_from_shards,
     )
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")

@@ -271,6 +271,17 @@ def _load_named(path: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _joined(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """parts [n_i, W] joined along dim 0 on `device` (rows of host records); on CUDA joined into
+    pinned host memory first, so the one copy to the device does not block the host."""
+    if device.type != "cuda" or any(p.device.type != "cpu" for p in parts):
+        return torch.cat(list(parts)).to(device)
+    rows = sum(int(p.shape[0]) for p in parts)
+    staged = torch.empty((rows, *parts[0].shape[1:]), dtype=parts[0].dtype, pin_memory=True)
+    torch.cat(list(parts), out=staged)
+    return staged.to(device, non_blocking=True)  # the caching host allocator keeps `staged` until copied
+
+
 class OfflineTarget:
     """Captured records: aux from the record, labels from the target head applied to `final`."""
 
@@ -321,9 +332,12 @@ class OfflineTarget:
         batch = assemble(rows, records)
         lengths = [s.length for row in rows for s in row]
         dest = slot_token_index(rows)  # [N] flat position of every token, slots in order
-        final = torch.cat([rec.final[:k] for rec, k in zip(records, lengths, strict=True)])  # [N, Ht]
-        aux = torch.cat([rec.aux[:k] for rec, k in zip(records, lengths, strict=True)])  # [N, A*Ht]
-        placed = _Placed(rows, len(self.d2t), self._data_contract.aux_width, self.d2t.device)
+        on = self.d2t.device
+        # Joined in pinned memory when the head is on a GPU: a copy from pageable memory makes the
+        # host wait for the stream, and the loop prepares the next step while this one's kernels run.
+        final = _joined([rec.final[:k] for rec, k in zip(records, lengths, strict=True)], on)  # [N, Ht]
+        aux = _joined([rec.aux[:k] for rec, k in zip(records, lengths, strict=True)], on)  # [N, A*Ht]
+        placed = _Placed(rows, len(self.d2t), self._data_contract.aux_width, on)
         for a in range(0, len(dest), HEAD_CHUNK_TOKENS):
             b = a + HEAD_CHUNK_TOKENS
             dist = restrict_target_logits(self.head(final[a:b]), self.d2t, self.t2d)  # [n, Vd]

@@ -71,6 +71,7 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
         "--regen-batched",
         "--train-max-seconds",
         "7",
+        "--train-online",
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -78,6 +79,10 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
     assert (
         preset.train_compile is True and preset.regen_continuous is False and preset.train_max_seconds == 7.0
     )
+    assert PRESETS["tiny"].train_from_shards and preset.train_from_shards is False
+    result = CliRunner().invoke(app, ["quickstart", "--preset", "gpu", "--train-from-shards"])
+    assert result.exit_code == 0, result.output
+    assert not PRESETS["gpu"].train_from_shards and seen["preset"].train_from_shards is True
 
 
 def test_sets_outside_prompt_sets_are_refused_naming_both_fields():

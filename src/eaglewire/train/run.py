@@ -54,7 +54,9 @@ def open_data(path: Path) -> OpenedData:
     if (path / "manifest.json").exists():
         from eaglewire.data.shards import ShardDataset
 
-        shards = ShardDataset(path)
+        # every shard's sha256 before step 1, in parallel: checked lazily instead, each first read
+        # would hash a whole shard inside a step's input preparation
+        shards = ShardDataset(path, verify="eager")
         return OpenedData("offline", shards, shards.contract, path)
     if (path / "index.json").exists() and (path / "tokens.safetensors").exists():
         from eaglewire.data.records import TokenizedDataset

@@ -192,6 +192,13 @@ def test_checksum_failure_names_the_shard(tmp_path: Path, target, dataset: Token
         shards[5]
     with pytest.raises(DataFormatError, match=r"shard_00001\.safetensors"):
         ShardDataset(out, verify="eager")
+    with pytest.raises(DataFormatError, match=r"shard_00001\.safetensors: sha256 mismatch"):
+        ShardDataset(out, verify="eager", verify_workers=3)  # hashed in parallel: the bad one named
+    # training opens shards eagerly: the bad shard stops it before step 1, not inside a step
+    from eaglewire.train.run import open_data
+
+    with pytest.raises(DataFormatError, match=r"shard_00001\.safetensors: sha256 mismatch"):
+        open_data(out)
 
 
 def test_capture_refuses_other_tokenizer(tmp_path: Path, target, dataset: TokenizedDataset) -> None:  # type: ignore[no-untyped-def]

@@ -221,7 +221,7 @@ class ShardWriter:
 
     def write(self, index: int, first_record: int, content: ShardContent) -> ShardInfo:
         """Write one shard (safe to call from several threads: the files are independent and the
-        manifest update is serialised; resume keys on shard index, so completion order is free)."""
+        journal append is serialised; resume keys on shard index, so completion order is free)."""
         info = write_shard(self.directory / shard_file_name(index), index, first_record, content)
         line = json.dumps(info.to_json()) + "\n"
         with self._lock:

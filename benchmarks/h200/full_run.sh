@@ -194,71 +194,22 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
   return "${PIPESTATUS[0]}"
 }
 
-# QS_TRAIN_COMPILE=auto: train with the draft's forward compiled only when this session's
-# train_profile step measured that it trains at least 5% more tokens inside the training budget
-# (--train-max-seconds in QS_ARGS, else the gpu preset's), at the quickstart's batch size
-# (--batch-size in QS_ARGS, else the preset's), its extra warm-up (the compiles)
-# paid from that budget. A compile that fails there, or is slower, leaves training eager instead of
-# costing the lease its draft.
-compile_gate() {
-  local prof="$results/train_profile.json"
-  [ "${QS_TRAIN_COMPILE:-}" = auto ] || return 0
-  [ -f "$prof" ] || { say "compile gate: no $prof: training stays eager" >&2; return 0; }
-  "$PY" - "$prof" "${QS_ARGS:-}" <<'PYEOF'
-import json, sys
-from eaglewire.recipes.presets import PRESETS
-args = sys.argv[2].split()
-def flag(name, default):
-    return type(default)(args[args.index(name) + 1]) if name in args else default
-gpu = PRESETS["gpu"]
-budget = flag("--train-max-seconds", gpu.train_max_seconds)
-batch = flag("--batch-size", gpu.batch_size)  # only the profile rows of the batch the quickstart trains
-rows = {r["setting"]: r for r in json.load(open(sys.argv[1])) if r["batch_size"] == batch}
-def tokens(r, extra_s):  # tokens trained inside the budget
-    return r["tokens_per_s"] * max(0.0, budget - extra_s)
-verdicts = []
-for name, eager in rows.items():
-    if name.endswith(" compiled"):
-        continue
-    c = rows.get(name + " compiled")
-    gain = None if c is None else tokens(c, c["warmup_s"] - eager["warmup_s"]) / tokens(eager, 0.0)
-    verdicts.append(gain is not None and gain >= 1.05)
-    print(f"compile gate: {name}: eager {eager['tokens_per_s']:.0f} tok/s, compiled "
-          + ("-" if c is None else f"{c['tokens_per_s']:.0f} tok/s, {c['warmup_s'] - eager['warmup_s']:.0f} s more warm-up")
-          + f" -> {'-' if gain is None else f'{gain:.2f}x'} the tokens in {budget:.0f} s", file=sys.stderr)
-print("--train-compile" if verdicts and all(verdicts) else "", end="")
-PYEOF
-}
-
-# QS_TRAIN_FROM_SHARDS=auto: train from shards captured once in the data stage (quickstart
-# --train-from-shards) only when this session's train_profile step (TRAIN_PROFILE_ARGS with
-# --data online,offline) measured offline steps at least 5% faster than online ones at the
-# quickstart's batch size, eager. The capture adds to the data stage, not to the training budget.
-shards_gate() {
-  local prof="$results/train_profile.json"
-  [ "${QS_TRAIN_FROM_SHARDS:-}" = auto ] || return 0
-  [ -f "$prof" ] || { say "shards gate: no $prof: training stays online" >&2; return 0; }
-  "$PY" - "$prof" "${QS_ARGS:-}" <<'PYEOF'
-import json, sys
-from eaglewire.recipes.presets import PRESETS
-args = sys.argv[2].split()
-batch = int(args[args.index("--batch-size") + 1]) if "--batch-size" in args else PRESETS["gpu"].batch_size
-rows = {r["setting"]: r for r in json.load(open(sys.argv[1])) if r["batch_size"] == batch}
-online = [r for n, r in rows.items() if r.get("data", "online") == "online" and "compiled" not in n]
-pairs = [(r, rows.get(r["setting"] + " offline")) for r in online]
-verdicts = [off is not None and off["tokens_per_s"] >= 1.05 * on["tokens_per_s"] for on, off in pairs]
-for on, off in pairs:
-    print(f"shards gate: {on['setting']}: online {on['tokens_per_s']:.0f} tok/s, offline "
-          + ("-" if off is None else f"{off['tokens_per_s']:.0f} tok/s ({off['tokens_per_s'] / on['tokens_per_s']:.2f}x)"),
-          file=sys.stderr)
-print("--train-from-shards" if verdicts and all(verdicts) else "", end="")
-PYEOF
+# gate compile|shards VALUE: the quickstart flag benchmarks/h200/gates.py takes from this session's
+# train_profile step when VALUE is auto ('' otherwise, or without a profile). QS_TRAIN_COMPILE=auto:
+# --train-compile if the compiled draft trains >= 5% more tokens in the budget, warm-up paid;
+# QS_TRAIN_FROM_SHARDS=auto (TRAIN_PROFILE_ARGS with --data online,offline): --train-from-shards if
+# offline steps ran >= 5% faster. gates.py says how each is decided.
+gate() {
+  local kind=$1 value=$2 prof="$results/train_profile.json"
+  [ "$value" = auto ] || return 0
+  [ -f "$prof" ] || { say "$kind gate: no $prof: the quickstart's default stays" >&2; return 0; }
+  "$PY" benchmarks/h200/gates.py "$kind" "$prof" "${QS_ARGS:-}"
 }
 
 do_quickstart() {
   local extra shards
-  extra=$(compile_gate)
-  shards=$(shards_gate)
+  extra=$(gate compile "${QS_TRAIN_COMPILE:-}")
+  shards=$(gate shards "${QS_TRAIN_FROM_SHARDS:-}")
   # shellcheck disable=SC2086 # QS_ARGS: extra flags (e.g. shorter budgets), word-split on purpose
   timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
     --out "$runs/quickstart" ${QS_ARGS:-} $extra $shards

@@ -1,0 +1,85 @@
+"""Decisions full_run.sh takes from this lease's train_profile.json before the quickstart runs.
+
+    python benchmarks/h200/gates.py compile|shards TRAIN_PROFILE_JSON "QS_ARGS"
+
+prints the quickstart flag to add ('' for none) and, on stderr, why:
+
+  compile  --train-compile when the draft's compiled forward trains at least 5% more tokens inside
+           the training budget (--train-max-seconds in QS_ARGS, else the gpu preset's) than eager,
+           its extra warm-up (the compiles) paid from that budget, at the quickstart's batch size.
+           A compile that failed in the profile, or is slower, leaves training eager instead of
+           costing the lease its draft.
+  shards   --train-from-shards when offline steps (states read from shards captured once) ran at
+           least 5% faster than online ones (the target inside every step), eager, at that batch
+           size. The capture adds to the data stage, not to the training budget.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from eaglewire.recipes.presets import PRESETS
+
+MIN_GAIN = 1.05
+
+
+def flag_value(args: list[str], name: str, default: float) -> float:
+    return type(default)(args[args.index(name) + 1]) if name in args else default
+
+
+def compile_flag(rows: dict[str, dict[str, Any]], args: list[str]) -> str:
+    budget = flag_value(args, "--train-max-seconds", PRESETS["gpu"].train_max_seconds)
+
+    def tokens(r: dict[str, Any], extra_s: float) -> float:  # tokens trained inside the budget
+        return float(r["tokens_per_s"]) * max(0.0, budget - extra_s)
+
+    verdicts = []
+    for name, eager in rows.items():
+        if "compiled" in name or eager.get("data", "online") != "online":
+            continue
+        c = rows.get(name + " compiled")
+        gain = None if c is None else tokens(c, c["warmup_s"] - eager["warmup_s"]) / tokens(eager, 0.0)
+        verdicts.append(gain is not None and gain >= MIN_GAIN)
+        compiled = (
+            "-"
+            if c is None
+            else f"{c['tokens_per_s']:.0f} tok/s, {c['warmup_s'] - eager['warmup_s']:.0f} s more warm-up"
+        )
+        verdict = "-" if gain is None else f"{gain:.2f}x"
+        print(f"compile gate: {name}: eager {eager['tokens_per_s']:.0f} tok/s, compiled {compiled} -> {verdict} the tokens in {budget:.0f} s", file=sys.stderr)  # fmt: skip
+    return "--train-compile" if verdicts and all(verdicts) else ""
+
+
+def shards_flag(rows: dict[str, dict[str, Any]], args: list[str]) -> str:
+    verdicts = []
+    for name, online in rows.items():
+        if "compiled" in name or online.get("data", "online") != "online":
+            continue
+        offline = rows.get(name + " offline")
+        gain = None if offline is None else offline["tokens_per_s"] / online["tokens_per_s"]
+        verdicts.append(gain is not None and gain >= MIN_GAIN)
+        off = "-" if offline is None else f"{offline['tokens_per_s']:.0f} tok/s ({gain:.2f}x)"
+        print(
+            f"shards gate: {name}: online {online['tokens_per_s']:.0f} tok/s, offline {off}", file=sys.stderr
+        )
+    return "--train-from-shards" if verdicts and all(verdicts) else ""
+
+
+def main(argv: list[str]) -> int:
+    kind, profile_json, qs_args = argv
+    args = qs_args.split()
+    batch = int(flag_value(args, "--batch-size", PRESETS["gpu"].batch_size))
+    with open(profile_json) as f:  # only the profile rows of the batch the quickstart trains
+        rows = {r["setting"]: r for r in json.load(f) if r["batch_size"] == batch}
+    gates = {"compile": compile_flag, "shards": shards_flag}
+    if kind not in gates:
+        print(f"gates.py: expected one of {sorted(gates)}, got {kind!r}", file=sys.stderr)
+        return 2
+    print(gates[kind](rows, args), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

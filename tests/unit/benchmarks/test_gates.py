@@ -1,0 +1,57 @@
+"""benchmarks/h200/gates.py: the quickstart flags full_run.sh takes from a lease's train_profile.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "h200" / "gates.py"
+
+
+def row(
+    setting: str, tokens_per_s: float, *, batch: int = 16, warmup_s: float = 10.0, data: str = "online"
+) -> dict:
+    return {
+        "setting": setting,
+        "batch_size": batch,
+        "tokens_per_s": tokens_per_s,
+        "warmup_s": warmup_s,
+        "data": data,
+    }
+
+
+def gate(tmp_path: Path, kind: str, rows: list[dict], qs_args: str = "") -> tuple[str, str]:
+    path = tmp_path / "train_profile.json"
+    path.write_text(json.dumps(rows))
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), kind, str(path), qs_args], capture_output=True, text=True, check=True
+    )
+    return out.stdout, out.stderr
+
+
+def test_shards_gate_needs_offline_5_percent_faster_at_the_quickstarts_batch(tmp_path: Path) -> None:
+    faster = [row("b16 s7", 80_000), row("b16 s7 offline", 90_000, data="offline")]
+    flag, why = gate(tmp_path, "shards", faster)
+    assert flag == "--train-from-shards" and "1.12x" in why
+    assert (
+        gate(tmp_path, "shards", [row("b16 s7", 80_000), row("b16 s7 offline", 83_000, data="offline")])[0]
+        == ""
+    )
+    assert gate(tmp_path, "shards", [row("b16 s7", 80_000)])[0] == ""  # no offline row: stays online
+    # only rows of the batch size the quickstart trains count
+    other = [row("b32 s7", 80_000, batch=32), row("b32 s7 offline", 99_000, batch=32, data="offline")]
+    assert gate(tmp_path, "shards", other)[0] == ""
+    assert gate(tmp_path, "shards", other, "--batch-size 32")[0] == "--train-from-shards"
+
+
+def test_compile_gate_pays_the_compiles_from_the_budget(tmp_path: Path) -> None:
+    rows = [
+        row("b16 s7", 80_000),
+        row("b16 s7 compiled", 90_000, warmup_s=40.0),
+        row("b16 s7 offline", 1, data="offline"),
+    ]
+    # 30 s more warm-up: 90k * (840 - 30) / (80k * 840) = 1.08x; in a 200 s budget 0.96x
+    assert gate(tmp_path, "compile", rows)[0] == "--train-compile"
+    assert gate(tmp_path, "compile", rows, "--train-max-seconds 200")[0] == ""

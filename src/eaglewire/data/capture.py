@@ -1,8 +1,8 @@
 """Offline capture: run the target over a tokenized dataset and write hidden-state shards.
 
 Logs a storage estimate before starting and throughput (tokens/s) per shard and overall.
-Resumes an interrupted run: shards listed in the manifest or its journal are skipped (after checking the
-target still matches the stored contract's fingerprint by values).
+Resumes an interrupted run: shards listed in the manifest or its journal are skipped (after
+checking the target still matches the stored contract's fingerprint by values).
 """
 
 from __future__ import annotations

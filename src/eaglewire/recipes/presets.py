@@ -79,7 +79,9 @@ class QuickstartPreset:
     train_from_shards: bool = help_field(
         "capture the target's hidden states to shards once (data stage) and train from them (offline); "
         "else the target runs inside every training step (online)",
-        default=False,  # on the H200 the target's forward is cheap next to a shard's disk and host traffic
+        # online on the GPU until measured: `benchmarks/train_profile.py --data online,offline` times both
+        # (run 9's profile: the target's side 51 of a 158 ms step; BENCHMARKS.md 2l)
+        default=False,
     )
     capture_max_batch_tokens: int = help_field(
         "with train_from_shards: tokens per capture forward (0 = the capture's default)",

@@ -48,6 +48,7 @@ from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import init_distributed
 from eaglewire.train.loop import Trainer
 from eaglewire.train.objective import batch_step_rows
+from eaglewire.train.run import open_data
 from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 
 
@@ -263,7 +264,7 @@ def main() -> None:
         t0 = time.perf_counter()
         capture_dataset(target, ds, shard_dir, show_progress=False)
         say(f"captured in {time.perf_counter() - t0:.1f} s")
-        shards = ShardDataset(shard_dir)
+        shards = open_data(shard_dir).records  # as `eaglewire train` opens them (checksums first)
     rows = []
     settings = args.settings or list(itertools.product(args.batch_sizes, args.compile))
     if args.tiny and args.settings:

@@ -35,8 +35,8 @@ top host and device operations to the JSON (`profile`).
 
 tokens/s counts real (unpadded) tokens in every row; padding costs the same in all of them. The
 in-memory rows are CUDA-synchronised wall times. capture_dataset rows (the library's defaults, and
-each --dataset-shard-records / --pace-batches / --second-work / --switch-interval variant): one
-untimed cold run first (`cold_capture`: the first capture of a process page-locks its host
+each --dataset-shard-records / --dataset-max-window-batches / --pace-batches / --second-work /
+--switch-interval variant): one untimed cold run first (`cold_capture`: the first capture of a process page-locks its host
 buffers), then --dataset-repeats rounds, interleaved, each run timed by the library itself
 (`CaptureStats.seconds`, the number the CLI prints; median) and, in `wall_s`, around the whole call
 (contract fingerprint and writer setup too). Each run follows one timed prefill_unmasked pass, so
@@ -74,7 +74,7 @@ from typing import Any
 import torch
 
 from eaglewire.bench.report import describe_device, now_iso
-from eaglewire.data.batching import WINDOW_BATCHES, capture_windows, length_batches
+from eaglewire.data.batching import MAX_WINDOW_BATCHES, WINDOW_BATCHES, capture_windows, length_batches
 from eaglewire.data.build import build_dataset, load_source
 from eaglewire.data.capture import capture_dataset, human_bytes
 from eaglewire.data.capture_batches import launch_shards
@@ -184,6 +184,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="also run capture_dataset with each of these shard sizes (rows capture_dataset_shards<N>), "
         "interleaved with the others; '' = none",
+    )
+    p.add_argument(
+        "--dataset-max-window-batches",
+        default="",
+        help="also run capture_dataset with each of these window ceilings, in full batches (rows "
+        f"capture_dataset_maxwindow<N>; the library's is {MAX_WINDOW_BATCHES}; {WINDOW_BATCHES}, the "
+        "floor, gives every window the floor's size, the rule before the ceiling), interleaved; '' = none",
     )
     p.add_argument(
         "--end-to-end-only",
@@ -366,6 +373,7 @@ class DatasetVariant:
     shard_records: int
     pace_batches: int = CAPTURE_DEFAULTS["pace_batches"]
     switch_interval: float = 0.0  # > 0: sys.setswitchinterval for this row's runs only
+    max_window_batches: int | None = None  # None: the library's ceiling (MAX_WINDOW_BATCHES)
 
 
 def dataset_rows(
@@ -400,6 +408,9 @@ def dataset_rows(
                 source=source,
                 show_progress=False,
                 pace_batches=v.pace_batches,
+                max_window_tokens=None
+                if v.max_window_batches is None
+                else v.max_window_batches * args.max_batch_tokens,
             )
             return stats, time.perf_counter() - t0
         finally:
@@ -637,6 +648,17 @@ def main(argv: list[str] | None = None) -> int:
         dataset_variants.append(
             DatasetVariant(
                 f"capture_dataset_shards{n}", work_root, what.format(work_root, n, paced(default_pace)), n
+            )
+        )
+    for n in [int(x) for x in args.dataset_max_window_batches.split(",") if x.strip()]:
+        dataset_variants.append(
+            DatasetVariant(
+                f"capture_dataset_maxwindow{n}",
+                work_root,
+                what.format(work_root, args.shard_records, paced(default_pace))
+                + f", windows of at most {n} full batches",
+                args.shard_records,
+                max_window_batches=n,
             )
         )
     if args.second_work is not None:  # the same into another file system (RAM-backed: not the disk)

@@ -29,11 +29,21 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: in
     return out
 
 
-# capture_dataset captures consecutive shards together, a window at a time, about this many full
-# batches' tokens each. Batched alone, 64-record shards of chitchat made 20 forwards and 448k padded
+# capture_dataset captures consecutive shards together, a window at a time, of at least WINDOW_BATCHES
+# full batches' tokens. Batched alone, 64-record shards of chitchat made 20 forwards and 448k padded
 # tokens where the same 300k tokens batched together make 12 and 336k (BENCHMARKS.md section 3); a
 # single window for everything would leave no shard writes to overlap the forwards.
 WINDOW_BATCHES = 8
+
+# ... and of at most MAX_WINDOW_BATCHES: in between, a window takes half the tokens still to capture.
+# A window's shards are written while the next window is captured, and the H200's writers are about
+# twice as fast as its capture (4.3 GB/s of shards against ~2 GB/s of states, BENCHMARKS.md section
+# 3), so each window may be half the one before and its writes still finish under the next one's
+# forwards. Larger windows sort more records by length: on the 1M chitchat tokens of the capture
+# benchmark, 32-record shards make 41 forwards and 1.105M padded tokens (windows of 512k, 302k and
+# 185k tokens) against 43 and 1.136M with windows of 8 batches. The ceiling bounds the host memory
+# a window holds (~2.4 GB at 16 batches of 32,768 tokens of SmolLM2's states).
+MAX_WINDOW_BATCHES = 16
 
 # Capture forwards the host may queue ahead of the GPU (`capture_batches.ForwardPacer` says why). H200 run
 # 10 (BENCHMARKS.md section 3), 1M tokens end to end: 2.97 s at 2 and at 1, 3.24 s unbounded; 2
@@ -49,18 +59,34 @@ DEFAULT_PACE_BATCHES = 2
 DEFAULT_SHARD_RECORDS = 32
 
 
-def capture_windows(shard_tokens: Sequence[int], window_tokens: int) -> list[list[int]]:
+def capture_windows(
+    shard_tokens: Sequence[int],
+    window_tokens: int,
+    max_window_tokens: int | None = None,
+    last_window_shards: int | None = None,
+) -> list[list[int]]:
     """Group shards (positions in `shard_tokens`, each shard's token count) into consecutive windows
-    of whole shards, each closed as soon as it holds at least `window_tokens` tokens."""
+    of whole shards. Each window closes as soon as it holds half the tokens not yet in a window,
+    but at least `window_tokens` and at most `max_window_tokens` (None: `window_tokens`, i.e. every
+    window closes at `window_tokens`). The last window holds at most `last_window_shards` shards
+    (None: any number), the rest going to the window before: after the last forward only its shards
+    are left to write, one per writer thread."""
+    ceiling = window_tokens if max_window_tokens is None else max(window_tokens, max_window_tokens)
     out: list[list[int]] = []
     cur: list[int] = []
     held = 0
+    left = sum(shard_tokens)
     for k, tokens in enumerate(shard_tokens):
         cur.append(k)
         held += tokens
-        if held >= window_tokens:
+        if held >= min(ceiling, max(window_tokens, left / 2)):
             out.append(cur)
+            left -= held
             cur, held = [], 0
     if cur:
         out.append(cur)
+    if last_window_shards is not None and len(out) > 1 and len(out[-1]) > last_window_shards:
+        cut = len(out[-1]) - last_window_shards
+        out[-2].extend(out[-1][:cut])
+        out[-1] = out[-1][cut:]
     return out

@@ -26,6 +26,7 @@ from eaglewire.data.batching import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PACE_BATCHES,
     DEFAULT_SHARD_RECORDS,
+    MAX_WINDOW_BATCHES,
     WINDOW_BATCHES,
     capture_windows,
 )
@@ -134,12 +135,15 @@ def capture_dataset(
     show_progress: bool = True,
     write_workers: int = 8,
     window_tokens: int | None = None,
+    max_window_tokens: int | None = None,
     pace_batches: int = DEFAULT_PACE_BATCHES,
 ) -> CaptureStats:
     """Capture every record of `dataset` into shards under `output` (see shards.py for the layout).
 
-    Consecutive shards are captured together, a window of at least `window_tokens` tokens at a
-    time (default: WINDOW_BATCHES full batches; batching.py says why), and a window's shards go to
+    Consecutive shards are captured together, a window at a time: half the tokens still to capture,
+    at least `window_tokens` and at most `max_window_tokens` (defaults: WINDOW_BATCHES and
+    MAX_WINDOW_BATCHES full batches; batching.py says why), the last window at most `write_workers`
+    shards (one per writer after the last forward), and a window's shards go to
     the writers as soon as its copies have arrived. The target runs on the calling thread while up
     to `write_workers` threads stream earlier shards to disk and sha256 (held in memory: the shards
     being written, at most write_workers once a window has been handed over, plus the window being
@@ -149,8 +153,9 @@ def capture_dataset(
     if batch_size < 1 or shard_records < 1 or max_batch_tokens < 1 or write_workers < 1:
         raise ConfigError("batch_size, shard_records, max_batch_tokens and write_workers must be >= 1")
     pacer = ForwardPacer(pace_batches)  # checks pace_batches before anything is written
-    if window_tokens is not None and window_tokens < 1:
-        raise ConfigError(f"window_tokens must be >= 1 (or None for the default), got {window_tokens}")
+    for name, value in (("window_tokens", window_tokens), ("max_window_tokens", max_window_tokens)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be >= 1 (or None for the default), got {value}")
     want = dataset.meta.get("tokenizer_hash")
     if want and target.tokenizer is not None and tokenizer_hash(target.tokenizer) != want:
         raise ContractMismatchError(
@@ -208,7 +213,10 @@ def capture_dataset(
             todo.append((k, lo, hi))
     todo_tokens = [int(lengths[lo:hi].sum()) for _, lo, hi in todo]
     groups = capture_windows(
-        todo_tokens, WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens
+        todo_tokens,
+        WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens,
+        MAX_WINDOW_BATCHES * max_batch_tokens if max_window_tokens is None else max_window_tokens,
+        last_window_shards=write_workers,
     )
     windows = [[todo[j] for j in group] for group in groups]
     held = peak_host_bytes([[todo_tokens[j] for j in group] for group in groups], write_workers, contract)

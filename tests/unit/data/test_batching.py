@@ -31,3 +31,20 @@ def test_windows_are_consecutive_whole_shards_closed_at_the_token_floor() -> Non
     assert capture_windows([100, 1], window_tokens=60) == [[0], [1]]  # a big shard is a window alone
     assert capture_windows([5, 5], window_tokens=1) == [[0], [1]]
     assert capture_windows([], window_tokens=60) == []
+
+
+def test_windows_take_half_of_what_is_left_between_the_floor_and_the_ceiling() -> None:
+    # 16 shards of 10 tokens: half of 160 is 80 (the ceiling 60 binds), then half of 100 is 50, then
+    # half of 50 is 25 (the floor 30 binds), then the 20 left
+    windows = capture_windows([10] * 16, window_tokens=30, max_window_tokens=60)
+    assert [len(w) for w in windows] == [6, 5, 3, 2]
+    assert [k for w in windows for k in w] == list(range(16))  # consecutive, every shard once
+    # a ceiling below the floor is the floor: uniform windows, as with no ceiling
+    assert capture_windows([10] * 6, 30, max_window_tokens=5) == capture_windows([10] * 6, 30)
+
+
+def test_the_last_window_gives_its_leading_shards_to_the_one_before() -> None:
+    windows = capture_windows([10] * 12, window_tokens=60, last_window_shards=4)
+    assert windows == [list(range(8)), [8, 9, 10, 11]]
+    assert capture_windows([10] * 12, 60, last_window_shards=6) == [list(range(6)), list(range(6, 12))]
+    assert capture_windows([10] * 3, 60, last_window_shards=1) == [[0, 1, 2]]  # one window: kept whole

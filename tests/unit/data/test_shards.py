@@ -217,7 +217,7 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """A batch that runs out of memory stops the capture with the flag to lower; the window captured
-    before it (still in flight) is written, and the rerun resumes after it. window_tokens=1: each
+    before it (still in flight) is written, and the rerun resumes after it. window_tokens=max_window_tokens=1: each
     shard is its own window."""
     import eaglewire.data.capture_batches as batches_module
 
@@ -234,7 +234,7 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     with pytest.raises(
         ConfigError, match=r"(?s)3 records x \d+ tokens.*ran out of memory.*--max-batch-tokens"
     ):
-        capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+        capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, max_window_tokens=1, show_progress=False)  # fmt: skip
     # interrupted: the manifest (written at the start) lists no shard, the journal the two written
     assert json.loads((out / MANIFEST_FILE).read_text())["shards"] == []
     assert [s["index"] for s in load_manifest(out)["shards"]] == [0, 1]
@@ -249,7 +249,7 @@ def test_a_window_is_written_while_the_next_one_is_captured(
 ) -> None:  # type: ignore[no-untyped-def]
     """A window's shards go to the writers as soon as its states are on the host, not after the
     next window's forwards: here the second window's forward waits for shard 0's file to appear
-    (window_tokens=1: each shard is its own window). Were shard 0 handed over only after that
+    (window_tokens=max_window_tokens=1: each shard is its own window). Were shard 0 handed over only after that
     launch, it would never appear."""
     import time
 
@@ -268,7 +268,7 @@ def test_a_window_is_written_while_the_next_one_is_captured(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(batches_module, "capture", capture_after_shard0)
-    stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+    stats = capture_dataset(target, dataset, out, shard_records=4, batch_size=4, window_tokens=1, max_window_tokens=1, show_progress=False)  # fmt: skip
     assert stats.shards_written == 3 and len(ShardDataset(out, verify="eager")) == len(dataset)
 
 
@@ -279,7 +279,7 @@ def test_windows_of_several_shards_write_the_same_shards(
     records, in the same shards, with the same states as shards captured one at a time; a resumed
     window captures only its missing shards."""
     one, many = tmp_path / "one", tmp_path / "many"
-    capture_dataset(target, dataset, one, shard_records=3, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+    capture_dataset(target, dataset, one, shard_records=3, batch_size=4, window_tokens=1, max_window_tokens=1, show_progress=False)  # fmt: skip
     capture_dataset(target, dataset, many, shard_records=3, batch_size=4, show_progress=False)  # one window
     manifests = [json.loads((d / MANIFEST_FILE).read_text())["shards"] for d in (one, many)]
     assert [(s["index"], s["first_record"], s["records"], s["tokens"]) for s in manifests[0]] == [
@@ -338,7 +338,7 @@ def test_capture_stats_break_the_wall_time_down_by_phase(
     """The calling thread's phases (launch, copy wait, writer wait, drain) add up to no more than
     the wall time; the writers' time is counted; the manifest keeps them; no GPU time on a CPU."""
     out = tmp_path / "phases"
-    stats = capture_dataset(target, dataset, out, shard_records=3, batch_size=4, window_tokens=1, show_progress=False)  # fmt: skip
+    stats = capture_dataset(target, dataset, out, shard_records=3, batch_size=4, window_tokens=1, max_window_tokens=1, show_progress=False)  # fmt: skip
     phases = [stats.launch_seconds, stats.copy_wait_seconds, stats.writer_wait_seconds, stats.drain_seconds]
     assert stats.launch_seconds > 0 and stats.writer_thread_seconds > 0
     assert all(p >= 0 for p in phases) and sum(phases) <= stats.seconds
@@ -364,3 +364,30 @@ def test_pacing_the_launches_changes_no_shard_and_refuses_a_negative_depth(
     with pytest.raises(ConfigError, match="pace_batches.*-1"):
         capture_dataset(target, dataset, tmp_path / "bad", show_progress=False, pace_batches=-1)
     assert not (tmp_path / "bad").exists()
+
+
+def test_windows_shrink_towards_the_end_and_the_last_holds_one_shard_per_writer(
+    tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """capture_dataset launches the windows `capture_windows` plans from the shards' token counts:
+    half of what is left between the floor and the ceiling, the last one at most `write_workers`
+    shards; the shards written are the same whatever the windows."""
+    import eaglewire.data.capture as capture_module
+    from eaglewire.data.batching import capture_windows
+
+    real, launched = capture_module.launch_shards, []
+
+    def spy(target, dataset, groups, *args, **kwargs):  # type: ignore[no-untyped-def]
+        launched.append([g[0] for g in groups])  # each group's first record: which shards
+        return real(target, dataset, groups, *args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "launch_shards", spy)
+    lengths = dataset.lengths()
+    shard_tokens = [int(lengths[k : k + 1].sum()) for k in range(len(dataset))]
+    floor = max(shard_tokens)
+    stats = capture_dataset(target, dataset, tmp_path / "s", shard_records=1, batch_size=4, window_tokens=floor, max_window_tokens=4 * floor, write_workers=2, show_progress=False)  # fmt: skip
+    planned = capture_windows(shard_tokens, floor, 4 * floor, last_window_shards=2)
+    assert launched == planned and len(planned) >= 3, planned
+    assert len(planned[0]) > len(planned[-2]) and len(planned[-1]) <= 2
+    assert stats.shards_written == len(dataset)
+    assert ShardDataset(tmp_path / "s", verify="eager").record_ids() == list(dataset.record_ids)

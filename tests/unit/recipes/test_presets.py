@@ -83,6 +83,10 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
     result = CliRunner().invoke(app, ["quickstart", "--preset", "gpu", "--train-from-shards"])
     assert result.exit_code == 0, result.output
     assert not PRESETS["gpu"].train_from_shards and seen["preset"].train_from_shards is True
+    assert seen["preset"].hf_baseline_sets == PRESETS["gpu"].hf_baseline_sets == ("mt-bench",)
+    result = CliRunner().invoke(app, ["quickstart", "--preset", "gpu", "--skip-hf-baselines"])
+    assert result.exit_code == 0, result.output
+    assert seen["preset"].hf_baseline_sets == ()
 
 
 def test_sets_outside_prompt_sets_are_refused_naming_both_fields():

@@ -25,6 +25,7 @@ import itertools
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -306,6 +307,9 @@ def main() -> None:
     print("\n" + " | ".join(cols))
     for r in rows:
         print(" | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
+    if not rows:  # a profile with nothing in it is a failed step, not an empty success
+        print("no setting ran (each was skipped above): nothing measured")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

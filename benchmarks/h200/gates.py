@@ -77,6 +77,12 @@ def main(argv: list[str]) -> int:
     if kind not in gates:
         print(f"gates.py: expected one of {sorted(gates)}, got {kind!r}", file=sys.stderr)
         return 2
+    if not rows:  # H200 run 13: every setting was skipped for want of data, and the gate said nothing
+        print(
+            f"{kind} gate: {profile_json} has no row at batch size {batch} (every setting skipped or "
+            "failed: see train_profile.txt): the quickstart's default stays",
+            file=sys.stderr,
+        )
     print(gates[kind](rows, args), end="")
     return 0
 

@@ -41,8 +41,10 @@ WINDOW_BATCHES = 8
 # 3), so each window may be half the one before and its writes still finish under the next one's
 # forwards. Larger windows sort more records by length: on the 1M chitchat tokens of the capture
 # benchmark, 32-record shards make 41 forwards and 1.105M padded tokens (windows of 512k, 302k and
-# 185k tokens) against 43 and 1.136M with windows of 8 batches. The ceiling bounds the host memory
-# a window holds (~2.4 GB at 16 batches of 32,768 tokens of SmolLM2's states).
+# 185k tokens) against 43 and 1.136M with windows of 8 batches. H200 run 13 (BENCHMARKS.md section
+# 3), interleaved: 2.37-2.45 s end to end (median 2.38, 0.73 of the prefill) against 2.42-2.60 s
+# (2.45, 0.71) with every window at the floor; the drain stayed 0.17-0.22 s. The ceiling bounds the
+# host memory a window holds (~2.4 GB at 16 batches of 32,768 tokens of SmolLM2's states).
 MAX_WINDOW_BATCHES = 16
 
 # Capture forwards the host may queue ahead of the GPU (`capture_batches.ForwardPacer` says why). H200 run

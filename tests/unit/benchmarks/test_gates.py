@@ -44,6 +44,9 @@ def test_shards_gate_needs_offline_5_percent_faster_at_the_quickstarts_batch(tmp
     other = [row("b32 s7", 80_000, batch=32), row("b32 s7 offline", 99_000, batch=32, data="offline")]
     assert gate(tmp_path, "shards", other)[0] == ""
     assert gate(tmp_path, "shards", other, "--batch-size 32")[0] == "--train-from-shards"
+    # a profile whose every setting was skipped says so instead of passing silently
+    flag, why = gate(tmp_path, "shards", [])
+    assert flag == "" and "no row at batch size 16" in why and "default stays" in why
 
 
 def test_compile_gate_pays_the_compiles_from_the_budget(tmp_path: Path) -> None:

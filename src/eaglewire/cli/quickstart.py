@@ -129,6 +129,11 @@ def quickstart(
     train_max_seconds: float = typer.Option(
         None, "--train-max-seconds", help="override: training time budget in seconds (0 = epochs decide)"
     ),
+    regen_max_new_tokens: int = typer.Option(
+        None,
+        "--regen-max-new-tokens",
+        help="override: the longest regenerated answer in tokens (the gpu preset cuts about half its answers at 256)",
+    ),
     regen_continuous: bool = typer.Option(
         None,
         "--regen-continuous/--regen-batched",
@@ -173,6 +178,7 @@ def quickstart(
         batch_size=batch_size,
         learning_rate=learning_rate,
         regen_max_seconds=regen_max_seconds,
+        regen_max_new_tokens=regen_max_new_tokens,
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
         train_compile=train_compile,

@@ -109,6 +109,12 @@ class QuickstartPreset:
             )
         if self.user_turns < 1:
             raise ConfigError(f"preset {self.name!r}: user_turns must be >= 1, got {self.user_turns}")
+        if not 0 < self.regen_max_new_tokens < self.max_length:
+            raise ConfigError(
+                f"preset {self.name!r}: regen_max_new_tokens must be within 1..max_length-1 (an answer "
+                f"leaves room for its prompt in max_length), got regen_max_new_tokens="
+                f"{self.regen_max_new_tokens} with max_length={self.max_length}"
+            )
         if not 0.0 <= self.hard_label_weight <= 1.0:
             raise ConfigError(
                 f"preset {self.name!r}: hard_label_weight must be within 0..1, got {self.hard_label_weight}"

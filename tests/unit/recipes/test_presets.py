@@ -84,9 +84,17 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
     assert result.exit_code == 0, result.output
     assert not PRESETS["gpu"].train_from_shards and seen["preset"].train_from_shards is True
     assert seen["preset"].hf_baseline_sets == PRESETS["gpu"].hf_baseline_sets == ("mt-bench",)
-    result = CliRunner().invoke(app, ["quickstart", "--preset", "gpu", "--skip-hf-baselines"])
+    result = CliRunner().invoke(
+        app, ["quickstart", "--preset", "gpu", "--skip-hf-baselines", "--regen-max-new-tokens", "512"]
+    )
     assert result.exit_code == 0, result.output
-    assert seen["preset"].hf_baseline_sets == ()
+    assert seen["preset"].hf_baseline_sets == () and seen["preset"].regen_max_new_tokens == 512
+    assert PRESETS["gpu"].regen_max_new_tokens == 256
+
+
+def test_an_answer_longer_than_max_length_is_refused_naming_both_fields():
+    with pytest.raises(ConfigError, match=r"regen_max_new_tokens=1024 with max_length=1024"):
+        get_preset("gpu", regen_max_new_tokens=1024)
 
 
 def test_sets_outside_prompt_sets_are_refused_naming_both_fields():

@@ -36,11 +36,12 @@ top host and device operations to the JSON (`profile`).
 tokens/s counts real (unpadded) tokens in every row; padding costs the same in all of them. The
 in-memory rows are CUDA-synchronised wall times. capture_dataset rows (the library's defaults, and
 each --dataset-shard-records / --dataset-max-window-batches / --pace-batches / --second-work /
---switch-interval variant): one untimed cold run first (`cold_capture`: the first capture of a process page-locks its host
-buffers), then --dataset-repeats rounds, interleaved, each run timed by the library itself
-(`CaptureStats.seconds`, the number the CLI prints; median) and, in `wall_s`, around the whole call
-(contract fingerprint and writer setup too). Each run follows one timed prefill_unmasked pass, so
-it also has a ratio to a prefill on the same clock (`paired_ratios`, median per row).
+--switch-interval variant): one untimed cold run first (`cold_capture`: the first capture of a
+process page-locks its host buffers), then --dataset-repeats rounds, interleaved, each run timed
+by the library itself (`CaptureStats.seconds`, the number the CLI prints; median) and, in
+`wall_s`, around the whole call (contract fingerprint and writer setup too). Each run follows one
+timed prefill_unmasked pass, so it also has a ratio to a prefill on the same clock
+(`paired_ratios`, median per row).
 
     PYTHONPATH=src:. python3 benchmarks/capture_speed.py --target smollm2 --out capture_speed.json  # GPU
     PYTHONPATH=src:. python3 benchmarks/capture_speed.py --tiny --out /tmp/capture_tiny.json        # CPU check

@@ -217,8 +217,8 @@ def test_out_of_memory_names_the_flag_and_keeps_captured_shards(
     tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """A batch that runs out of memory stops the capture with the flag to lower; the window captured
-    before it (still in flight) is written, and the rerun resumes after it. window_tokens=max_window_tokens=1: each
-    shard is its own window."""
+    before it (still in flight) is written, and the rerun resumes after it.
+    window_tokens=max_window_tokens=1: each shard is its own window."""
     import eaglewire.data.capture_batches as batches_module
 
     real, calls = batches_module.capture, []
@@ -249,8 +249,8 @@ def test_a_window_is_written_while_the_next_one_is_captured(
 ) -> None:  # type: ignore[no-untyped-def]
     """A window's shards go to the writers as soon as its states are on the host, not after the
     next window's forwards: here the second window's forward waits for shard 0's file to appear
-    (window_tokens=max_window_tokens=1: each shard is its own window). Were shard 0 handed over only after that
-    launch, it would never appear."""
+    (window_tokens=max_window_tokens=1: each shard is its own window). Were shard 0 handed over
+    only after that launch, it would never appear."""
     import time
 
     import eaglewire.data.capture_batches as batches_module

@@ -91,3 +91,33 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
         for k in ref:
             torch.testing.assert_close(got[k], ref[k], **WEIGHTS_TOL, msg=f"{parallel}: {k}")
         assert not torch.equal(got["fc.weight"], init["fc.weight"])  # training did move the weights
+
+
+def test_shutdown_frees_cyclic_garbage_before_destroying_the_process_group(monkeypatch):
+    """A wrapper left in a reference cycle (as DDP leaves itself after training) is freed while the
+    process group is still alive, not by a later collection or at exit."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from eaglewire.train import distributed
+
+    events: list[str] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: events.append("destroy"))
+
+    class Wrapper:  # stands in for a DDP module kept alive by its own cycle
+        pass
+
+    gc.disable()  # only shutdown_distributed's own collection may free it
+    try:
+        w = Wrapper()
+        w.self_ref = w
+        weakref.finalize(w, events.append, "freed")
+        del w
+        distributed.shutdown_distributed()
+    finally:
+        gc.enable()
+    assert events == ["freed", "barrier", "destroy"]

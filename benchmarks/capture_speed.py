@@ -16,8 +16,8 @@ of `--batch-size` rows and at most `--max-batch-tokens` padded tokens), the same
   capture_records_by_shard `eaglewire.data.capture_batches.launch_shards` shard by shard, each shard's
                    records batched alone: + each record's rows copied on a copy stream into its
                    shard's pinned host buffers; each shard waited for before the next
-  capture_records  the same a window at a time: consecutive shards of about WINDOW_BATCHES full
-                   batches' tokens batched together, as capture_dataset does (data/batching.py)
+  capture_records  the same a window at a time: consecutive shards batched together, in the
+                   windows capture_dataset plans (data/batching.py: capture_windows)
   capture_pipelined `launch_shards` for window w before waiting for window w - 1 (capture_dataset's
                    order, nothing written)
   write_shards     the shard writer alone: one capture's records (in host memory) written as shards
@@ -543,7 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     windows = [
         [shards[k] for k in window]
         for window in capture_windows(
-            [int(lengths[r.start : r.stop].sum()) for r in shards], WINDOW_BATCHES * args.max_batch_tokens
+            [int(lengths[r.start : r.stop].sum()) for r in shards],
+            WINDOW_BATCHES * args.max_batch_tokens,
+            MAX_WINDOW_BATCHES * args.max_batch_tokens,
+            last_window_shards=args.write_workers,
         )
     ]
 

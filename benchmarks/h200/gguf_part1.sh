@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 1 of 2 (carry .gguf_a and .whl): first half of the reference GGUF + wheels missing there.
+# Device call 1 (carry .gguf_a and .whl): the first part of the reference GGUF + wheels missing there.
 set -euo pipefail
 source benchmarks/h200/env.sh
 mkdir -p "$SMOL"

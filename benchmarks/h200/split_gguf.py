@@ -1,10 +1,12 @@
-"""Split the reference GGUF into .gguf_a/part00 and .gguf_b/part01 so both device calls fit.
+"""Split the reference GGUF into parts .gguf_a/part00, .gguf_b/part01, ... so that every device call fits.
 
 Each device call carries the working tree (tracked + untracked-not-ignored files) plus its carried
-folders, at most 64 MiB: call 1 carries .gguf_a and .whl, call 2 carries .gguf_b. The tree grows
-with every recorded run (benchmarks/results), so a fixed split point stops fitting one day (on
-2026-12-01 a 50 MB first half no longer did). This picks the point that leaves both calls the same
-headroom, writes the halves, checks that they join to the GGUF's sha256, and prints the sizes.
+folders, at most 64 MiB. Call 1 carries .gguf_a and .whl (gguf_part1.sh), each middle call one more
+folder (gguf_part.sh), and the last call the last folder while it launches full_run.sh, which joins
+the parts (gguf_part2.sh). The tree grows with every recorded run (benchmarks/results): two calls
+fitted until 2026-12-02, when the tree reached 13.4 MiB, so this takes as few calls as fit (at least
+two), sizes the parts so that every call keeps the same headroom, writes them, checks that they join
+to the GGUF's sha256, and prints each call's carry.
 
     PYTHONPATH=src .venv/bin/python benchmarks/h200/split_gguf.py
 """
@@ -12,6 +14,8 @@ headroom, writes the halves, checks that they join to the GGUF's sha256, and pri
 from __future__ import annotations
 
 import hashlib
+import shutil
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -38,30 +42,55 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def folder(k: int) -> str:
+    return f".gguf_{string.ascii_lowercase[k]}"
+
+
+def plan(gguf_bytes: int, tree: int, wheels: int) -> list[int]:
+    """Part sizes for the fewest calls (>= 2) that fit: call 1 also carries the wheels, and every
+    call is left the same headroom under LIMIT - MARGIN."""
+    room = LIMIT - MARGIN - tree  # what one call can carry besides the tree
+    if room <= 0:
+        sys.exit(
+            f"the working tree alone ({tree / 2**20:.1f} MiB) leaves no room in a {LIMIT / 2**20:.0f} MiB call"
+        )
+    calls = max(2, -(-(gguf_bytes + wheels) // room))
+    if calls > len(string.ascii_lowercase):
+        sys.exit(f"{calls} calls: move large recorded results out of the tree")
+    each = -(-(gguf_bytes + wheels) // calls)  # carried bytes per call, wheels counted in call 1
+    sizes = [each - wheels] + [each] * (calls - 1)
+    sizes[-1] = gguf_bytes - sum(sizes[:-1])
+    return sizes
+
+
 def main() -> int:
     repo = Path(__file__).resolve().parents[2]
     gguf = locate_reference_gguf()
     verify_gguf(gguf)  # size and sha256 (DESIGN.md)
     data = gguf.read_bytes()
     tree, wheels = tree_bytes(repo), folder_bytes(repo / ".whl")
-    first = (len(data) - wheels) // 2  # call 1: tree + wheels + first; call 2: tree + the rest
-    calls = {"call 1 (.gguf_a .whl)": tree + wheels + first, "call 2 (.gguf_b)": tree + len(data) - first}
-    for name, size in calls.items():
-        print(f"{name}: {size / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB")
-    if max(calls.values()) > LIMIT - MARGIN:
-        sys.exit(
-            f"the working tree ({tree / 2**20:.1f} MiB) + .whl ({wheels / 2**20:.1f} MiB) + the GGUF "
-            f"({len(data) / 2**20:.1f} MiB) do not fit two calls of {LIMIT / 2**20:.0f} MiB with "
-            f"{MARGIN / 2**20:.0f} MiB to spare: move a large recorded result out of the tree, or carry "
-            "the chitchat wheel in a third call"
-        )
-    for folder, name, part in ((".gguf_a", "part00", data[:first]), (".gguf_b", "part01", data[first:])):
-        (repo / folder).mkdir(exist_ok=True)
-        (repo / folder / name).write_bytes(part)
-    joined = (repo / ".gguf_a/part00").read_bytes() + (repo / ".gguf_b/part01").read_bytes()
+    sizes = plan(len(data), tree, wheels)
+    for old in repo.glob(".gguf_?"):  # an earlier split's parts would be carried and joined too
+        shutil.rmtree(old)
+    offset = 0
+    for k, size in enumerate(sizes):
+        (repo / folder(k)).mkdir()
+        (repo / folder(k) / f"part{k:02d}").write_bytes(data[offset : offset + size])
+        offset += size
+    joined = b"".join((repo / folder(k) / f"part{k:02d}").read_bytes() for k in range(len(sizes)))
     if hashlib.sha256(joined).hexdigest() != SMOLLM2.sha256:
-        sys.exit("the written halves do not join to the GGUF: rerun")
-    print(f"wrote .gguf_a/part00 ({first:,} bytes) and .gguf_b/part01 ({len(data) - first:,} bytes)")
+        sys.exit("the written parts do not join to the GGUF: rerun")
+    for k, size in enumerate(sizes):
+        carry = [folder(k), ".whl"] if k == 0 else [folder(k)]
+        run = (
+            "bash benchmarks/h200/gguf_part1.sh"
+            if k == 0
+            else "launch full_run.sh (or diag.sh)"
+            if k == len(sizes) - 1
+            else "bash benchmarks/h200/gguf_part.sh"
+        )
+        total = tree + size + (wheels if k == 0 else 0)
+        print(f"call {k + 1}: carry {carry}, {total / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB: {run}")
     return 0
 
 

@@ -72,6 +72,13 @@ def default_target_dtype(device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" else "float32"
 
 
+def offline_head_dtype(contract: Contract, device: torch.device) -> torch.dtype:
+    """The dtype offline training recomputes the target's logits in: the one the target ran in when the
+    shards were captured, on a GPU (the labels online training would get, on tensor cores); float32 on
+    CPUs, where reduced-precision matmuls are slower, not faster."""
+    return getattr(torch, contract.dtype) if device.type == "cuda" else torch.float32
+
+
 def check_target_config(target: str | Path, contract: Contract) -> None:
     """The target directory given for the lm_head must be the target the data was captured from."""
     path = resolve_target_path(target)
@@ -103,7 +110,9 @@ def make_target_side(
         return OnlineTarget(live, contract, draft.get_buffer("draft_to_target"))
     assert data.contract is not None
     check_target_config(target, data.contract)
-    head = TargetHead.from_pretrained(target, data.contract.final)
+    head = TargetHead.from_pretrained(
+        target, data.contract.final, dtype=offline_head_dtype(data.contract, device)
+    )
     return OfflineTarget(head, data.contract, draft.get_buffer("draft_to_target"), device=device)
 
 

@@ -200,36 +200,51 @@ class OnlineTarget:
 
 
 class TargetHead(nn.Module):
-    """final state [..., Ht] -> target logits [..., V] (float32): final norm (pre-norm data) + lm_head."""
+    """final state [..., Ht] -> target logits [..., V] (returned as float32): final norm (pre-norm
+    data) + lm_head, computed in `dtype`.
 
-    def __init__(self, lm_head_weight: torch.Tensor, norm: nn.Module | None) -> None:
+    float32 (the default) is exact and what CPUs want. On a GPU, training passes the dtype the target
+    ran in (the data contract's): then the labels come from the same bf16 matmul the live target
+    computes online, on tensor cores, where float32 runs as plain FMA (H200: 18 of a 126 ms offline
+    step for 16k tokens x V = 49152; BENCHMARKS.md 2n)."""
+
+    def __init__(
+        self, lm_head_weight: torch.Tensor, norm: nn.Module | None, *, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
-        self.lm_head_weight = nn.Parameter(lm_head_weight.detach().float(), requires_grad=False)
-        self.norm = norm.float().requires_grad_(False) if norm is not None else None
+        self.dtype = dtype
+        self.lm_head_weight = nn.Parameter(lm_head_weight.detach().to(dtype), requires_grad=False)
+        self.norm = norm.to(dtype).requires_grad_(False) if norm is not None else None
 
     @torch.no_grad()
     def forward(self, final: torch.Tensor) -> torch.Tensor:
-        x = _to_device(final, self.lm_head_weight.device).float()
+        x = _to_device(final, self.lm_head_weight.device).to(self.dtype)
         if self.norm is not None:
-            x = self.norm(x)
-        return x @ self.lm_head_weight.T
+            x = self.norm(x)  # float32 inside, as the target's norm; back in `dtype`
+        return (x @ self.lm_head_weight.T).float()
 
     @classmethod
-    def from_target(cls, target: LoadedTarget, final: FinalState) -> TargetHead:
+    def from_target(
+        cls, target: LoadedTarget, final: FinalState, *, dtype: torch.dtype = torch.float32
+    ) -> TargetHead:
         parts = target_parts(target.model)
         norm = copy.deepcopy(parts.final_norm) if final.norm == "pre" else None
         weight = parts.lm_head.weight
         assert isinstance(weight, torch.Tensor)
-        return cls(weight, norm)
+        return cls(weight, norm, dtype=dtype)
 
     @classmethod
-    def from_pretrained(cls, target: str | Path, final: FinalState) -> TargetHead:
+    def from_pretrained(
+        cls, target: str | Path, final: FinalState, *, dtype: torch.dtype = torch.float32
+    ) -> TargetHead:
         """Load only the final norm and lm_head (or the tied embedding) from a safetensors directory."""
         path = resolve_target_path(target)
         if path.suffix == ".gguf":
             from eaglewire.target.loading import load_target
 
-            return cls.from_target(load_target(path, dtype="float32", with_tokenizer=False), final)
+            return cls.from_target(
+                load_target(path, dtype="float32", with_tokenizer=False), final, dtype=dtype
+            )
         cfg_path = path / "config.json"
         if not cfg_path.exists():
             raise TargetFilesError(
@@ -256,7 +271,7 @@ class TargetHead(nn.Module):
             norm = RMSNorm(int(head.shape[1]), float(cfg.get("rms_norm_eps", 1e-6)))
             with torch.no_grad():
                 norm.weight.copy_(tensors[names["norm"]].float())
-        return cls(head, norm)
+        return cls(head, norm, dtype=dtype)
 
 
 def _load_named(path: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:

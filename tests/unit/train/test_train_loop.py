@@ -311,6 +311,29 @@ def test_target_head_from_directory_matches_the_model(tiny_target, tiny_contract
     assert isinstance(tiny_contract, Contract)
 
 
+def test_target_head_in_the_targets_dtype_computes_what_the_target_does(tiny_target, tiny_contract):
+    """Offline training on a GPU recomputes the labels in the dtype the target ran in (bf16): the
+    head then equals the bf16 target's own final norm + lm_head, and float32 stays the CPU rule."""
+    import copy
+
+    from eaglewire.target.architectures import target_parts
+    from eaglewire.train.run import offline_head_dtype
+
+    bf16 = copy.deepcopy(tiny_target)
+    bf16.model.to(torch.bfloat16)
+    parts = target_parts(bf16.model)
+    final = torch.randn(7, tiny_target.hidden_size).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = parts.lm_head(parts.final_norm(final)).float()  # the target's own bf16 path
+    head = TargetHead.from_target(bf16, tiny_contract.final, dtype=torch.bfloat16)
+    assert head.lm_head_weight.dtype == torch.bfloat16
+    torch.testing.assert_close(head(final), expected, rtol=0, atol=0)
+    assert head(final).dtype == torch.float32
+    contract = replace(tiny_contract, dtype="bfloat16")
+    assert offline_head_dtype(contract, torch.device("cuda")) == torch.bfloat16
+    assert offline_head_dtype(contract, torch.device("cpu")) == torch.float32
+
+
 def test_tensorboard_missing_is_a_clear_error(tmp_path):
     import importlib.util
 

@@ -144,6 +144,11 @@ def quickstart(
         "--train-compile/--train-eager",
         help="override: torch.compile the draft's forward in training, or run it eagerly",
     ),
+    train_ttt_attention: str = typer.Option(
+        None,
+        "--train-ttt-attention",
+        help="override: blocked | flex, how the training-time test's attention runs (flex: CUDA only)",
+    ),
     train_from_shards: bool = typer.Option(
         None,
         "--train-from-shards/--train-online",
@@ -182,6 +187,7 @@ def quickstart(
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
         train_compile=train_compile,
+        train_ttt_attention=train_ttt_attention,
         train_from_shards=train_from_shards,
         hf_baseline_sets=() if skip_hf_baselines else None,
     )

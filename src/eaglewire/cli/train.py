@@ -33,6 +33,7 @@ _OVERRIDES = {
     "tensorboard": "tensorboard",
     "pack": "pack",
     "compile": "compile",
+    "ttt_attention": "ttt_attention",
 }
 
 
@@ -82,6 +83,11 @@ def train_command(
     pack: bool = typer.Option(None, "--pack/--no-pack", help="pack several records per row"),
     compile: bool = typer.Option(
         None, "--compile/--no-compile", help="torch.compile the draft's forward (dynamic shapes)"
+    ),
+    ttt_attention: str = typer.Option(
+        None,
+        "--ttt-attention",
+        help="blocked | flex: how the training-time test's attention runs (flex: block-sparse, CUDA only)",
     ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     target_dtype: str = typer.Option(

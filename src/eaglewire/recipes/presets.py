@@ -68,6 +68,12 @@ class QuickstartPreset:
         "torch.compile the draft's forward in training (TrainConfig.compile)",
         default=False,  # not yet measured on a GPU (benchmarks/train_profile.py compares both)
     )
+    train_ttt_attention: Literal["blocked", "flex"] = help_field(
+        "the training-time test's attention (TrainConfig.ttt_attention): 'blocked' SDPA or "
+        "block-sparse 'flex' (CUDA only)",
+        # blocked until FlexAttention is timed in a whole step on the H200 (benchmarks/ttt_attention_speed.py)
+        default="blocked",
+    )
     draft_intermediate_size: int = help_field(
         "the draft layer's MLP width (0 = the target's, EAGLE-3's default)", default=0
     )
@@ -101,6 +107,15 @@ class QuickstartPreset:
             raise ConfigError(
                 f"preset {self.name!r}: hf_baseline_sets / whole_sets name {outside}, which prompt_sets "
                 f"{list(self.prompt_sets)} does not decode"
+            )
+        if self.train_ttt_attention not in ("blocked", "flex"):
+            raise ConfigError(
+                f"preset {self.name!r}: train_ttt_attention must be 'blocked' or 'flex', got {self.train_ttt_attention!r}"
+            )
+        if self.train_ttt_attention == "flex" and self.device != "cuda":
+            raise ConfigError(
+                f"preset {self.name!r}: train_ttt_attention='flex' needs device='cuda' (FlexAttention has no "
+                f"CPU backward), got device={self.device!r}"
             )
         if self.capture_max_batch_tokens < 0:
             raise ConfigError(

@@ -93,6 +93,7 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
         log_every=10,
         max_seconds=p.train_max_seconds,
         compile=p.train_compile,
+        ttt_attention=p.train_ttt_attention,
         hard_label_weight=p.hard_label_weight,
     )
     vocab = load_draft_vocab(run.path("data", "vocab"))

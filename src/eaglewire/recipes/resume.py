@@ -53,6 +53,7 @@ FIELD_STAGE: dict[str, str] = {
             "batch_size",
             "train_max_seconds",
             "train_compile",
+            "train_ttt_attention",
             "draft_intermediate_size",
             "hard_label_weight",
         ),
@@ -77,7 +78,14 @@ FIELD_STAGE: dict[str, str] = {
 # started but did not finish may continue under new values (a longer regeneration or training
 # budget, another batch of rows answered at once).
 PACE_FIELDS = frozenset(
-    {"regen_max_seconds", "regen_batch_size", "regen_continuous", "train_max_seconds", "train_compile"}
+    {
+        "regen_max_seconds",
+        "regen_batch_size",
+        "regen_continuous",
+        "train_max_seconds",
+        "train_compile",
+        "train_ttt_attention",
+    }
 )
 
 # Stages that continue from what they wrote when rerun (the others start over).

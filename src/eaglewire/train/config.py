@@ -7,6 +7,7 @@ arguments of `eaglewire.train.loop.train`.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ TRAIN_CONFIG_FILE = "train_config.json"
 LossKind = Literal["soft_ce", "kl"]
 Precision = Literal["auto", "bf16", "fp32"]
 Parallel = Literal["ddp", "fsdp"]
+TTTAttention = Literal["blocked", "flex"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,12 @@ class TrainConfig:
         "kernel launches per step; the first steps compile (benchmarks/train_profile.py measures it)",
         default=False,
     )
+    ttt_attention: TTTAttention = help_field(
+        "how the training-time test's attention runs (the same mask and math): 'blocked' = fused SDPA "
+        "over row blocks (any device), 'flex' = block-sparse FlexAttention that skips other records' "
+        "rows (CUDA only: no CPU backward); benchmarks/ttt_attention_speed.py compares them",
+        default="blocked",
+    )
 
     def __post_init__(self) -> None:
         positive = (
@@ -130,6 +138,10 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}: expected 0 <= value < 1, got {getattr(self, name)}")
+        if self.ttt_attention not in typing.get_args(TTTAttention):
+            raise ConfigError(
+                f"ttt_attention: expected one of {list(typing.get_args(TTTAttention))}, got {self.ttt_attention!r}"
+            )
         if self.compile and self.parallel == "fsdp":
             raise ConfigError(
                 "compile=True with parallel='fsdp': the compiled draft forward would bypass FSDP's "
@@ -174,6 +186,7 @@ RESUME_MUTABLE = frozenset(
         "log_every",
         "tensorboard",
         "compile",  # how the same forward runs
+        "ttt_attention",  # likewise
     }
 )
 

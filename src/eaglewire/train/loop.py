@@ -147,6 +147,7 @@ class Trainer:
             config.loss,
             hard_label_weight=config.hard_label_weight,
             compile=config.compile,
+            attention=config.ttt_attention,
         )
         self.model = wrap_model(objective, ctx, config.parallel)
         self.params = trainable_parameters(self.model)

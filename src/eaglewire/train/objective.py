@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from eaglewire.draft.model import DraftOutput, Eagle3Draft
+from eaglewire.errors import ConfigError
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.train.batches import Batch
+from eaglewire.train.config import TTTAttention
 from eaglewire.train.loss import NUM_COUNTS, step_outcome, target_rank
 from eaglewire.train.target_side import TrainInputs
 from eaglewire.train.ttt import StepRows, step_rows, ttt_unroll
@@ -55,8 +57,17 @@ class TTTObjective(nn.Module):
         *,
         hard_label_weight: float = 0.0,
         compile: bool = False,
+        attention: TTTAttention = "blocked",
     ) -> None:
         super().__init__()
+        device = next(draft.parameters()).device
+        if attention == "flex" and device.type != "cuda":
+            raise ConfigError(
+                f"ttt_attention='flex' needs the draft on a CUDA device (FlexAttention has no CPU "
+                f"backward); the draft is on {device}",
+                fix="ttt_attention='blocked' (the default) off CUDA",
+            )
+        self.attention: TTTAttention = attention
         self.draft = draft
         self.num_steps = num_steps
         self.kind: Literal["soft_ce", "kl"] = kind
@@ -88,6 +99,7 @@ class TTTObjective(nn.Module):
             S,
             logits=with_ranks,
             forward=self._forward,
+            attention=self.attention,
         )
         with varying_shape_attention():  # every batch has its own length: no per-shape cuDNN plans
             for s, out in enumerate(steps):

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.draft.model import DraftOutput, Eagle3Draft
+from eaglewire.train.config import TTTAttention
+from eaglewire.train.ttt_flex import FlexChainKeys
 
 
 def shift_left(x: torch.Tensor, k: int, fill: float | bool = 0) -> torch.Tensor:
@@ -208,6 +210,7 @@ def ttt_unroll(
     *,
     logits: bool = True,
     forward: Callable[..., DraftOutput] | None = None,
+    attention: TTTAttention = "blocked",
 ) -> Iterator[DraftOutput]:
     """Yield the draft's output for steps 0..num_steps-1.
 
@@ -217,9 +220,17 @@ def ttt_unroll(
     record produce values that no in-range row ever attends to; mask them with `step_in_range`.
     logits=False leaves `DraftOutput.logits` empty (apply `draft.compute_logits` to the rows needed).
     forward: what runs each step in place of `draft` itself (its compiled forward).
+    attention: "blocked" (`_ChainKeys`, any device) or "flex" (`ttt_flex.FlexChainKeys`: block-sparse,
+    CUDA for training; both compute the same mask).
     """
     hidden = draft.project(aux)  # [B, T, H]
-    chain = _ChainKeys(prefix_mask(doc_ids))  # [B, T, T]
+    chain: _ChainKeys | FlexChainKeys
+    if attention == "flex":
+        chain = FlexChainKeys(doc_ids, num_steps)
+    elif attention == "blocked":
+        chain = _ChainKeys(prefix_mask(doc_ids))  # [B, T, T]
+    else:
+        raise ValueError(f"ttt attention: expected 'blocked' or 'flex', got {attention!r}")
     step = forward if forward is not None else draft
     for s in range(num_steps):
         out = step(shift_left(input_ids, 1 + s), hidden, positions + s, kv=chain, compute_logits=logits)

@@ -49,7 +49,7 @@ from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import init_distributed
 from eaglewire.train.loop import Trainer
 from eaglewire.train.objective import batch_step_rows
-from eaglewire.train.run import open_data
+from eaglewire.train.run import offline_head_dtype, open_data
 from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 
 
@@ -153,7 +153,9 @@ def run_setting(
     if shards is None:
         side = OnlineTarget(target, contract, draft.get_buffer("draft_to_target"))
     else:
-        head = TargetHead.from_target(target, contract.final)
+        head = TargetHead.from_target(
+            target, contract.final, dtype=offline_head_dtype(contract, target.device)
+        )
         side = OfflineTarget(head, contract, draft.get_buffer("draft_to_target"), device=target.device)
         ds = shards
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,6 +193,7 @@ def run_setting(
         "data": "offline" if shards is not None else "online",
         "batch_size": config.batch_size,
         "ttt_steps": config.ttt_steps,
+        "ttt_attention": config.ttt_attention,
         "draft_intermediate_size": draft.config.intermediate_size,
         "step_ms": step_ms,
         "tokens_per_step": statistics.median(tokens),
@@ -229,6 +232,13 @@ def main() -> None:
         help="online,offline: also train from shards of the same records, captured once into --work "
         "first (each setting's rows then run both ways; offline rows are named '... offline')",
     )
+    ap.add_argument(
+        "--attention",
+        type=lambda s: [x.strip() for x in s.split(",")],
+        default=["blocked"],
+        help="TrainConfig.ttt_attention forms to compare, e.g. blocked,flex (flex: CUDA only; its rows "
+        "are named '... flex')",
+    )
     ap.add_argument("--work", type=Path, default=None, help="where offline shards go (default: temp dir)")
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument(
@@ -258,6 +268,11 @@ def main() -> None:
     bad = sorted(set(args.data) - {"online", "offline"})
     if bad:
         raise SystemExit(f"--data: expected online and/or offline, got {bad}")
+    bad = sorted(set(args.attention) - {"blocked", "flex"})
+    if bad or ("flex" in args.attention and target.device.type != "cuda"):
+        raise SystemExit(
+            f"--attention: expected blocked and/or flex (flex on CUDA only), got {args.attention}"
+        )
     shards = None
     if "offline" in args.data:
         shard_dir = Path(tempfile.mkdtemp(prefix="train_profile_shards_", dir=args.work))
@@ -270,7 +285,7 @@ def main() -> None:
     settings = args.settings or list(itertools.product(args.batch_sizes, args.compile))
     if args.tiny and args.settings:
         settings = [(2, compiled) for _, compiled in args.settings]  # the tiny target's rows
-    for b, compiled in settings:
+    for (b, compiled), attention in itertools.product(settings, args.attention):
         config = TrainConfig(
             ttt_steps=args.ttt_steps,
             learning_rate=5e-4,
@@ -278,8 +293,13 @@ def main() -> None:
             batch_size=b,
             epochs=1,
             compile=compiled,
+            ttt_attention=attention,
         )
-        name = f"b{b} s{args.ttt_steps}" + (" compiled" if compiled else "")
+        name = (
+            f"b{b} s{args.ttt_steps}"
+            + (" compiled" if compiled else "")
+            + (" flex" if attention == "flex" else "")
+        )
         for kind in args.data:
             row = run_setting(
                 name + (" offline" if kind == "offline" else ""),

@@ -35,7 +35,7 @@
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
 # quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -200,7 +200,9 @@ do_gpu_tests() { # CUDA graph drafting == eager == plain greedy (skipped without
 # train_profile step when VALUE is auto ('' otherwise, or without a profile). QS_TRAIN_COMPILE=auto:
 # --train-compile if the compiled draft trains >= 5% more tokens in the budget, warm-up paid;
 # QS_TRAIN_FROM_SHARDS=auto (TRAIN_PROFILE_ARGS with --data online,offline): --train-from-shards if
-# offline steps ran >= 5% faster. gates.py says how each is decided.
+# offline steps ran >= 5% faster; QS_TTT_ATTENTION=auto (TRAIN_PROFILE_ARGS with --attention blocked,flex):
+# --train-ttt-attention flex if FlexAttention trains >= 5% more tokens in the budget, compiles paid.
+# gates.py says how each is decided.
 gate() {
   local kind=$1 value=$2 prof="$results/train_profile.json"
   [ "$value" = auto ] || return 0
@@ -209,12 +211,13 @@ gate() {
 }
 
 do_quickstart() {
-  local extra shards
+  local extra shards attention
   extra=$(gate compile "${QS_TRAIN_COMPILE:-}")
   shards=$(gate shards "${QS_TRAIN_FROM_SHARDS:-}")
+  attention=$(gate attention "${QS_TTT_ATTENTION:-}")
   # shellcheck disable=SC2086 # QS_ARGS: extra flags (e.g. shorter budgets), word-split on purpose
   timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
-    --out "$runs/quickstart" ${QS_ARGS:-} $extra $shards
+    --out "$runs/quickstart" ${QS_ARGS:-} $extra $shards $attention
 }
 
 do_sweep() {

@@ -58,3 +58,25 @@ def test_compile_gate_pays_the_compiles_from_the_budget(tmp_path: Path) -> None:
     # 30 s more warm-up: 90k * (840 - 30) / (80k * 840) = 1.08x; in a 200 s budget 0.96x
     assert gate(tmp_path, "compile", rows)[0] == "--train-compile"
     assert gate(tmp_path, "compile", rows, "--train-max-seconds 200")[0] == ""
+
+
+def test_attention_gate_needs_flex_faster_online_and_offline_compiles_paid(tmp_path: Path) -> None:
+    rows = [
+        row("b16 s7", 100_000),
+        row("b16 s7 flex", 130_000, warmup_s=40.0),
+        row("b16 s7 offline", 120_000, data="offline"),
+        row("b16 s7 flex offline", 160_000, warmup_s=40.0, data="offline"),
+    ]
+    flag, why = gate(tmp_path, "attention", rows)
+    assert flag == "--train-ttt-attention flex" and "1.25x" in why  # 130k * (840 - 30) / (100k * 840)
+    # flex slower offline (the recompiling fallback: 618 ms against 98): blocked stays
+    slow = [*rows[:3], row("b16 s7 flex offline", 20_000, warmup_s=40.0, data="offline")]
+    assert gate(tmp_path, "attention", slow)[0] == ""
+    # compiles that eat the gain in a short budget
+    assert gate(tmp_path, "attention", rows, "--train-max-seconds 60")[0] == ""
+    assert gate(tmp_path, "attention", rows[:1] + rows[2:3])[0] == ""  # no flex rows: nothing to decide
+    # flex rows are not online rows without a compiled twin for the compile gate
+    assert (
+        gate(tmp_path, "compile", [*rows, row("b16 s7 compiled", 120_000, warmup_s=20.0)])[0]
+        == "--train-compile"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -84,6 +85,25 @@ def estimate_storage(num_tokens: int, contract: Contract) -> int:
     elem = torch.empty(0, dtype=getattr(torch, contract.dtype)).element_size()
     per_token = (contract.num_aux + 1) * contract.target.hidden_size * elem + ID_AND_MASK_BYTES
     return num_tokens * per_token
+
+
+# Room a capture leaves on its disk beyond the shards' estimate (journals, the manifest, other writers).
+DISK_MARGIN = 1.02
+
+
+def check_free_space(output: Path, needed: int, shards: int) -> None:
+    """Refuse, before the first forward, a capture whose shards cannot fit on the disk of `output`
+    (a full disk would stop it hours in, after every shard it could write)."""
+    if shards == 0:
+        return
+    free = shutil.disk_usage(output).free
+    if needed * DISK_MARGIN > free:
+        raise ConfigError(
+            f"capture into {output}: the {shards} shards still to capture need about {human_bytes(needed)}, "
+            f"and {human_bytes(free)} is free on that disk",
+            fix="free space there, capture onto a larger disk (another output directory or EAGLEWIRE_HOME), "
+            "capture fewer records, or train online (the target inside each step: no shards)",
+        )
 
 
 # Warn when the states a capture may hold in host memory at once exceed this share of its RAM.
@@ -212,6 +232,7 @@ def capture_dataset(
         else:
             todo.append((k, lo, hi))
     todo_tokens = [int(lengths[lo:hi].sum()) for _, lo, hi in todo]
+    check_free_space(output, estimate_storage(sum(todo_tokens), contract), len(todo))
     groups = capture_windows(
         todo_tokens,
         WINDOW_BATCHES * max_batch_tokens if window_tokens is None else window_tokens,

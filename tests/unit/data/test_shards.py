@@ -391,3 +391,35 @@ def test_windows_shrink_towards_the_end_and_the_last_holds_one_shard_per_writer(
     assert len(planned[0]) > len(planned[-2]) and len(planned[-1]) <= 2
     assert stats.shards_written == len(dataset)
     assert ShardDataset(tmp_path / "s", verify="eager").record_ids() == list(dataset.record_ids)
+
+
+def test_a_capture_that_cannot_fit_its_disk_stops_before_the_first_forward(  # type: ignore[no-untyped-def]
+    tmp_path: Path, target, dataset: TokenizedDataset, monkeypatch
+) -> None:
+    """The free-space figure is the one input faked here: the disk has room for one shard of three.
+    The refusal names the directory, both sizes and the ways out; a resumed capture only counts the
+    shards it still has to write."""
+    import collections
+    import shutil
+
+    out = tmp_path / "shards"
+    capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    whole = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    manifest["shards"], manifest["complete"] = manifest["shards"][:2], False  # shards 0 and 1 kept
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (out / shard_file_name(2)).unlink()
+    usage = collections.namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(*real(p)[:2], whole // 8))
+    calls = []
+    monkeypatch.setattr("eaglewire.data.capture.launch_shards", lambda *a, **k: calls.append(1))
+    with pytest.raises(
+        ConfigError, match=r"the 1 shards still to capture need about .* is free on that disk"
+    ) as err:
+        capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    assert str(out) in str(err.value) and "train online" in str(err.value)
+    assert calls == [] and (out / shard_file_name(0)).exists()  # nothing run, nothing lost
+    monkeypatch.undo()
+    stats = capture_dataset(target, dataset, out, shard_records=4, show_progress=False)
+    assert stats.shards_resumed == 2 and stats.shards_written == 1

@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from eaglewire.errors import ConfigError
+from eaglewire.train.config import TTTAttention
 from eaglewire.typed_config import help_field
 
 
@@ -68,7 +69,7 @@ class QuickstartPreset:
         "torch.compile the draft's forward in training (TrainConfig.compile)",
         default=False,  # not yet measured on a GPU (benchmarks/train_profile.py compares both)
     )
-    train_ttt_attention: Literal["blocked", "flex"] = help_field(
+    train_ttt_attention: TTTAttention = help_field(
         "the training-time test's attention (TrainConfig.ttt_attention): 'blocked' SDPA or "
         "block-sparse 'flex' (CUDA only)",
         # blocked until FlexAttention is timed in a whole step on the H200 (benchmarks/ttt_attention_speed.py)
@@ -108,9 +109,10 @@ class QuickstartPreset:
                 f"preset {self.name!r}: hf_baseline_sets / whole_sets name {outside}, which prompt_sets "
                 f"{list(self.prompt_sets)} does not decode"
             )
-        if self.train_ttt_attention not in ("blocked", "flex"):
+        if self.train_ttt_attention not in get_args(TTTAttention):
             raise ConfigError(
-                f"preset {self.name!r}: train_ttt_attention must be 'blocked' or 'flex', got {self.train_ttt_attention!r}"
+                f"preset {self.name!r}: train_ttt_attention must be one of {list(get_args(TTTAttention))}, "
+                f"got {self.train_ttt_attention!r}"
             )
         if self.train_ttt_attention == "flex" and self.device != "cuda":
             raise ConfigError(

@@ -58,7 +58,7 @@ rm -f "$results/DONE"
 # --- copy what runs into $SMOL/repo (the repository folder may be gone after the launching call) ---
 mkdir -p "$repo"
 if [ "$src_root" != "$(cd "$repo" && pwd -P)" ]; then
-  items=(src benchmarks scripts pyproject.toml tests/__init__.py tests/helpers tests/unit/__init__.py tests/unit/engine tests/unit/data tests/gpu)
+  items=(src benchmarks scripts pyproject.toml tests/__init__.py tests/helpers tests/unit/__init__.py tests/unit/engine tests/unit/data tests/unit/train tests/gpu)
   for part in "$src_root"/.gguf_?; do [ -d "$part" ] && items+=("${part##*/}"); done # the last call's GGUF part
   tar -C "$src_root" --exclude=__pycache__ --exclude=benchmarks/results -cf - "${items[@]}" | tar -C "$repo" -xf - \
     || { say "copy into $repo failed"; exit 1; }

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import QuickstartPreset
@@ -24,6 +24,7 @@ from eaglewire.recipes.resume import STAGES, check_resume, preset_json
 if TYPE_CHECKING:
     from eaglewire.bench.prediction import PredictionRow
     from eaglewire.bench.results import Mismatch
+    from eaglewire.train.config import TrainConfig
     from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,12 @@ class QuickstartRun:
         return result
 
 
-def stage_train(run: QuickstartRun) -> dict[str, Any]:
-    from eaglewire.data.vocab import load_draft_vocab
+def train_config(preset: QuickstartPreset) -> TrainConfig:
+    """The train stage's TrainConfig (benchmarks/draft_levers.py changes one field of it at a time)."""
     from eaglewire.train.config import TrainConfig
-    from eaglewire.train.run import run_training
 
-    p = run.preset
-    config = TrainConfig(
+    p = preset
+    return TrainConfig(
         ttt_steps=p.ttt_steps,
         epochs=p.epochs,
         learning_rate=p.learning_rate,
@@ -96,12 +96,19 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
         ttt_attention=p.train_ttt_attention,
         hard_label_weight=p.hard_label_weight,
     )
+
+
+def stage_train(run: QuickstartRun) -> dict[str, Any]:
+    from eaglewire.data.vocab import load_draft_vocab
+    from eaglewire.train.run import run_training
+
+    p = run.preset
     vocab = load_draft_vocab(run.path("data", "vocab"))
     result = run_training(
         target=run.target,
         data_dir=training_data_dir(run, "train"),
         out_dir=run.path("train"),
-        config=config,
+        config=train_config(p),
         eval_dir=training_data_dir(run, "eval"),
         resume=run.path("train").exists(),
         draft_to_target=vocab.draft_to_target,
@@ -357,8 +364,10 @@ def stage_doctor(run: QuickstartRun) -> dict[str, Any]:
     return out
 
 
-def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
-    """Every stage in order; returns the summary (also written to summary.json)."""
+def run_quickstart(run: QuickstartRun, *, stop_after: Literal["data"] | None = None) -> dict[str, Any]:
+    """Every stage in order; returns the summary (also written to summary.json).
+    stop_after="data": only the target and data stages (a rerun without it resumes from there); returns
+    their stage seconds and the run directory, and writes no summary."""
     from eaglewire.recipes.inspect_target import inspect_target
     from eaglewire.target.loading import load_target
 
@@ -380,6 +389,8 @@ def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
 
     run.stage("target", target_stage)
     run.stage("data", lambda: stage_data(run, loaded))
+    if stop_after == "data":  # benchmarks/draft_levers.py: several trainings on one data stage
+        return {"stage_seconds": {s.name: s.seconds for s in run.stages}, "out_dir": str(run.out_dir)}
     trained = run.stage("train", lambda: stage_train(run))
     draft_dir = Path(trained["draft_dir"])
     kept: list[EvalResult] = []  # the eval stage's `as_benchmark` result, if it runs in this process

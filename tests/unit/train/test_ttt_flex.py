@@ -17,7 +17,7 @@ from eaglewire.train import ttt_flex
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.objective import TTTObjective
 from eaglewire.train.ttt import step_in_range, ttt_attention_mask, ttt_unroll
-from eaglewire.train.ttt_flex import BLOCK, chain_block_masks
+from eaglewire.train.ttt_flex import BLOCK, chain_block_masks, prefix_blocks
 from tests.helpers.tiny import make_tiny_target
 
 S = 4
@@ -50,7 +50,7 @@ def packed(lengths_per_row: list[list[int]], T: int, aux_width: int, vocab: int,
     return ids, pos, doc, aux
 
 
-@pytest.mark.parametrize("T", [150, 2 * BLOCK])  # padded to 256 rows, and exactly two blocks
+@pytest.mark.parametrize("T", [150, 2 * BLOCK, 600])  # padded to 256 rows; two blocks; records over 4 blocks
 @torch.no_grad()
 def test_flex_chain_equals_blocked_chain(draft, T):
     cfg = draft.config
@@ -80,6 +80,30 @@ def test_block_masks_equal_the_dense_mask():
         if s + 1 < S:  # keys of later steps are never visible
             later = (s + 1) * Tp + torch.arange(Tp)[None, None, :]
             assert not masks[s].mask_mod(b, torch.zeros(()), q, later).any()
+
+
+def test_block_lists_cover_every_visible_key_and_full_blocks_are_all_visible():
+    """The block lists are built from record-id ranges, not from the mask: a visible (row, key) pair
+    outside them would silently drop attention, a full block with a hidden key would leak it."""
+    T = 5 * BLOCK  # records over several blocks (full blocks), short ones sharing a block, padding
+    _, _, doc, _ = packed([[40, 300, 170, 50], [600], [10, 20, 30]], T, 1, 10)
+    partial, full = prefix_blocks(doc)  # [B, NB, NB]
+    dense = ttt_attention_mask(doc, 0)[:, 0]  # [B, T, T]
+    B, nb = doc.shape[0], T // BLOCK
+    per_block = dense.view(B, nb, BLOCK, nb, BLOCK)
+    any_visible, all_visible = per_block.any(dim=(2, 4)), per_block.all(dim=(2, 4))  # [B, NB, NB]
+    assert not (any_visible & ~(partial | full)).any()
+    assert not (full & ~all_visible).any()
+    assert not (partial & full).any()
+    assert full.any() and (partial & ~any_visible).sum() < partial.sum()  # both kinds really occur
+    for s, mask in enumerate(chain_block_masks(doc, S)):
+        listed = mask.to_dense()[:, 0]  # [B, NB, S*NB]: partial and full blocks
+        chain = torch.cat([torch.eye(nb, dtype=torch.bool).expand(B, nb, nb) if 1 <= j <= s
+                           else torch.zeros(B, nb, nb, dtype=torch.bool) for j in range(S)], dim=-1)  # fmt: skip
+        expected = (
+            torch.cat([partial | full, torch.zeros(B, nb, (S - 1) * nb, dtype=torch.bool)], dim=-1) | chain
+        )
+        assert torch.equal(listed.bool(), expected), f"step {s}"
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import QuickstartPreset
@@ -77,7 +77,7 @@ class QuickstartRun:
 
 
 def train_config(preset: QuickstartPreset) -> TrainConfig:
-    """The train stage's TrainConfig (benchmarks/draft_levers.py changes one field of it at a time)."""
+    """The train stage's TrainConfig, from the preset."""
     from eaglewire.train.config import TrainConfig
 
     p = preset
@@ -364,10 +364,8 @@ def stage_doctor(run: QuickstartRun) -> dict[str, Any]:
     return out
 
 
-def run_quickstart(run: QuickstartRun, *, stop_after: Literal["data"] | None = None) -> dict[str, Any]:
-    """Every stage in order; returns the summary (also written to summary.json).
-    stop_after="data": only the target and data stages (a rerun without it resumes from there); returns
-    their stage seconds and the run directory, and writes no summary."""
+def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
+    """Every stage in order; returns the summary (also written to summary.json)."""
     from eaglewire.recipes.inspect_target import inspect_target
     from eaglewire.target.loading import load_target
 
@@ -389,8 +387,6 @@ def run_quickstart(run: QuickstartRun, *, stop_after: Literal["data"] | None = N
 
     run.stage("target", target_stage)
     run.stage("data", lambda: stage_data(run, loaded))
-    if stop_after == "data":  # benchmarks/draft_levers.py: several trainings on one data stage
-        return {"stage_seconds": {s.name: s.seconds for s in run.stages}, "out_dir": str(run.out_dir)}
     trained = run.stage("train", lambda: stage_train(run))
     draft_dir = Path(trained["draft_dir"])
     kept: list[EvalResult] = []  # the eval stage's `as_benchmark` result, if it runs in this process

@@ -112,7 +112,7 @@ def chain_block_masks(doc_ids: torch.Tensor, num_steps: int) -> list[Any]:
     masks = []
     for s in range(num_steps):
         steps = [partial] + [diagonal if j <= s else none for j in range(1, num_steps)]
-        count, indices = _ordered(torch.cat(steps, dim=-1)[:, None])  # [B, 1, NB(, S*NB)]
+        count, indices = _ordered(torch.cat(steps, dim=-1)[:, None])  # [B, 1, NB], [B, 1, NB, S*NB]
         masks.append(
             BlockMask.from_kv_blocks(
                 count,

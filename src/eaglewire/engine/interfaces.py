@@ -69,6 +69,14 @@ def commit_leading(runner: TargetRunner, counts: torch.Tensor, width: int) -> No
         runner.commit(torch.arange(width).expand(B, width), counts)
 
 
+def reserve_verify_width(runner: TargetRunner, num_new_tokens: int) -> None:
+    """Tell a runner that graphs its forwards up to a width (the fast runtime) that trees of
+    `num_new_tokens` nodes will be verified, so they run graphed too; other runners need nothing."""
+    reserve = getattr(runner, "reserve_verify_width", None)
+    if reserve is not None:
+        reserve(num_new_tokens)
+
+
 class LaunchAheadRunner(TargetRunner, Protocol):
     """A runner a round can be enqueued on before the last verdict is read (`engine.pipelined`): it
     verifies greedily inside its forward, and takes the caller's bound on the committed lengths

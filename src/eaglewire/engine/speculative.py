@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.interfaces import TargetRunner, can_launch_ahead, commit_leading
+from eaglewire.engine.interfaces import TargetRunner, can_launch_ahead, commit_leading, reserve_verify_width
 from eaglewire.engine.pipelined import launch_ahead_rounds
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.timers import PhaseTimers
@@ -124,6 +124,7 @@ def speculative_generate(
     runner.reset(1)
     if drafter is not None:
         drafter.reset()
+        reserve_verify_width(runner, drafter.spec.num_draft_tokens)  # wide trees verify graphed too
 
     # Prefill: all but the newest prompt token enter the target cache; the newest is the first root.
     *context, root = prompt_ids

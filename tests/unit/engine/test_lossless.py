@@ -100,3 +100,18 @@ def test_trained_draft_is_better_than_untrained(tiny, trained):
         taus[name] = decoder(tiny, draft, SPECS["chain"], "hf").generate(prompt, max_new_tokens=24).tau
     assert taus["trained"] > taus["untrained"] + 0.5, taus
     assert torch.isfinite(torch.tensor(list(taus.values()))).all()
+
+
+def test_a_tree_wider_than_the_graphed_width_is_reserved_and_lossless(tiny, trained):
+    """A tree of more nodes than the fast runner graphs by default (128) makes the decoder widen
+    the runner's graphed width before its first verify (on CUDA those forwards then replay a graph
+    instead of running eagerly, tests/gpu/test_wide_tree_graphs_cuda.py); the text stays plain's."""
+    if "fast" not in RUNNER_KINDS:
+        pytest.skip("the fast runtime is not installed")
+    wide = SpecArgs(num_steps=6, topk=8, num_draft_tokens=160)
+    runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "fast", max_seq_len=512)
+    assert runner.graph_max_new_tokens < wide.num_draft_tokens  # the default this test is about
+    dec = SpeculativeDecoder(runner, trained, wide, tokenizer=tiny.target.tokenizer)
+    result = dec.generate(tiny.prompts[0], max_new_tokens=REFERENCE_TOKENS)
+    assert result.token_ids == tiny.references[0]
+    assert runner.graph_max_new_tokens == wide.num_draft_tokens

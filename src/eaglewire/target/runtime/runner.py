@@ -119,6 +119,7 @@ class FastTargetRunner:
         self.eos_token_ids = target.eos_token_ids
         self.copy_outputs = copy_outputs
         self.graph_max_new_tokens = graph_max_new_tokens
+        self._warned_tree_widths: set[int] = set()  # widths of eager tree forwards already logged
         self.graph_max_prefill_tokens = graph_max_prefill_tokens
         self.cache = StaticKVCache(
             num_layers=spec.num_layers,
@@ -186,6 +187,13 @@ class FastTargetRunner:
             return 0, 0.0
         return self._graphs.captures, self._graphs.capture_seconds
 
+    def reserve_verify_width(self, num_new_tokens: int) -> None:
+        """A decoder verifies trees of `num_new_tokens` nodes: run forwards that wide through CUDA
+        graphs and the compiled code too. A tree's width is fixed per setting (one graph per
+        attended window), unlike a chunked prefill's, so it is worth a graph. Without this a
+        256-node tree ran eagerly: 145 tok/s against 1,272 for 128 nodes (BENCHMARKS.md 2p)."""
+        self.graph_max_new_tokens = max(self.graph_max_new_tokens, int(num_new_tokens))
+
     @torch.no_grad()
     def forward(
         self,
@@ -227,6 +235,8 @@ class FastTargetRunner:
             # a new bucket: tighten the host's bound once (one sync) so buckets stay small
             window = kv_bucket(self.cache.sync_lengths() + N, self.cache.capacity)
         self._last_window = window
+        if self._graphs is not None and self.graph_max_new_tokens < N and tree_mask is not None:
+            self._warn_eager_tree(N)
         if self._graphs is None or self.graph_max_new_tokens < N:
             logits, aux = self._run(
                 input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
@@ -290,6 +300,18 @@ class FastTargetRunner:
         return self.cache.lengths.to("cpu")
 
     # -- internals ---------------------------------------------------------------------------------
+    def _warn_eager_tree(self, N: int) -> None:
+        if N not in self._warned_tree_widths:
+            self._warned_tree_widths.add(N)
+            log.warning(
+                "a tree forward of %d new tokens runs without CUDA graphs (graph_max_new_tokens=%d), "
+                "several times slower; call runner.reserve_verify_width(%d) first "
+                "(SpeculativeDecoder does it for its setting)",
+                N,
+                self.graph_max_new_tokens,
+                N,
+            )
+
     def _check_inputs(
         self,
         input_ids: torch.Tensor,

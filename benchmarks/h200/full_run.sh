@@ -32,8 +32,9 @@
 #   label_ab    benchmarks/label_ab.py: the quickstart's draft continued with soft vs hard labels
 #               (hard_label_weight 0 and 1, LABEL_AB_SECONDS each), scored by the held-out replay
 #
-# Rerunning it resumes: convert/capture/sweep are skipped when their results exist, the
-# quickstart skips its finished stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
+# Rerunning it resumes: convert/capture/sweep are skipped when their results exist (a cut sweep
+# measures only the settings its sweep.partial.json lacks), the quickstart skips its finished
+# stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,

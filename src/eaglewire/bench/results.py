@@ -75,6 +75,26 @@ class PromptRun:
             "token_ids": self.token_ids,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PromptRun:
+        """The run `to_json` wrote (its derived keys, new_tokens and tokens_per_s, are recomputed)."""
+        return cls(
+            prompt_id=str(data["prompt_id"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            token_ids=[int(t) for t in data["token_ids"]],
+            seconds=float(data["seconds"]),
+            all_seconds=[float(x) for x in data["all_seconds"]],
+            text=str(data.get("text", "")),
+            finish_reason=str(data.get("finish_reason", "")),
+            tau=None if data.get("tau") is None else float(data["tau"]),
+            num_verifications=int(data.get("num_verifications", 0)),
+            per_position_acceptance=[float(x) for x in data.get("per_position_acceptance", [])],
+            phase_seconds={str(k): float(v) for k, v in data.get("phase_seconds", {}).items()},
+            accepted_per_round=[int(x) for x in data.get("accepted_per_round", [])],
+            emitted_per_round=[int(x) for x in data.get("emitted_per_round", [])],
+            category=str(data.get("category", "")),
+        )
+
 
 def pooled_tau(runs: Sequence[PromptRun]) -> float | None:
     """Tokens emitted per verification over `runs` (each prompt's tau weighted by its verifications)."""
@@ -246,6 +266,18 @@ class MethodResult:
             "greedy_mismatches": None if self.mismatches is None else [m.to_json() for m in self.mismatches],
             "prompts": [r.to_json() for r in self.runs],
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MethodResult:
+        """What `to_json` wrote of the measurement itself; comparisons (speedups, mismatches) are
+        left to be filled again against this run's references."""
+        return cls(
+            method=str(data["method"]),
+            available=bool(data["available"]),
+            reason=str(data.get("reason", "")),
+            settings=dict(data.get("settings", {})),
+            runs=[PromptRun.from_json(r) for r in data.get("prompts", [])],
+        )
 
 
 def fill_comparisons(results: dict[str, MethodResult], reference: str | None) -> None:

@@ -11,6 +11,9 @@ reference) and that batch size's best is "plain". `best_setting.json` (the file
 `eaglewire export` reads from the draft directory) holds the batch-1 winner:
 
     {"num_steps", "topk", "num_draft_tokens", "batch_size", "tokens_per_s", "tau", "source"}
+
+Each finished setting is saved at once (`sweep_progress`): a sweep cut short keeps what it
+measured, and rerunning the same sweep measures only the rest.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from eaglewire.bench.served import (
     served_predictions,
     served_summary,
 )
+from eaglewire.bench.sweep_progress import PARTIAL_FILE, SweepKey, SweepProgress
 from eaglewire.engine.spec_args import SpecArgs, spec_args_warnings
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
@@ -205,18 +209,43 @@ def run_sweep(
     *,
     predictor: TauPredictor | None = None,
     source: str = "",
+    progress_dir: Path | None = None,
+    resume: bool = True,
 ) -> SweepResult:
-    """Measure every valid setting on `prompts`; the fastest per batch size; predicted vs measured tau."""
+    """Measure every valid setting on `prompts`; the fastest per batch size; predicted vs measured tau.
+    progress_dir: where each finished setting is saved at once (`sweep_progress`); with `resume`,
+    the settings a cut-short run saved there are reused, not measured again."""
     specs, skipped = sweep_settings(cfg.num_steps, cfg.topk, cfg.num_draft_tokens)
     if not specs:
         raise ConfigError("sweep: no valid (num_steps, topk, num_draft_tokens) combination in the grid")
     work = Workload.build(target, prompts, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat)
+    progress = None
+    if progress_dir is not None:
+        key = SweepKey.of(
+            target=str(target.path), draft=str(draft_dir), prompts=prompts.name, prompt_ids=work.prompt_ids,
+            max_new_tokens=cfg.max_new_tokens, warmup=cfg.warmup, repeats=cfg.repeats,
+            device=describe_device(target.device),
+        )  # fmt: skip
+        progress = SweepProgress(Path(progress_dir) / PARTIAL_FILE, key, resume=resume)
     engine = load_engine(
         target, draft_dir, max_seq_len=work.max_seq_len(max(s.num_draft_tokens for s in specs))
     )
+
+    def measured_once(name: str, fn: Callable[[], MethodResult]) -> MethodResult:
+        saved = None if progress is None else progress.get(name)
+        if saved is not None:
+            return saved
+        result = fn()
+        if progress is not None:
+            progress.record(name, result, saved_at=now_iso())
+        return result
+
     plain1 = plain_fn(engine, make_plain_runner(engine, 1))
-    plain = measure_method(
-        "plain", lambda ids, n: plain1([ids], n)[0], work, warmup=cfg.warmup, repeats=cfg.repeats
+    plain = measured_once(
+        "plain",
+        lambda: measure_method(
+            "plain", lambda ids, n: plain1([ids], n)[0], work, warmup=cfg.warmup, repeats=cfg.repeats
+        ),
     )
     plain_tps = plain.tokens_per_s
     rows: list[SweepRow] = [SweepRow({"method": "plain", "batch_size": 1}, plain_tps, None, 1.0, None)]
@@ -225,7 +254,13 @@ def run_sweep(
     served_inputs: dict[str, tuple[SpecArgs, MethodResult]] = {}
     for spec in specs:
         name = f"steps{spec.num_steps}-topk{spec.topk}-nodes{spec.num_draft_tokens}"
-        r = measure_method(name, speculative_fn(engine, spec), work, warmup=cfg.warmup, repeats=cfg.repeats)
+
+        def measure(name: str = name, spec: SpecArgs = spec) -> MethodResult:
+            return measure_method(
+                name, speculative_fn(engine, spec), work, warmup=cfg.warmup, repeats=cfg.repeats
+            )
+
+        r = measured_once(name, measure)
         served_inputs[name] = (spec, r)
         row = SweepRow(
             {**spec_settings(spec), "batch_size": SPECULATIVE_MAX_BATCH},
@@ -252,6 +287,7 @@ def run_sweep(
         "num_prompts": len(prompts.prompts), "device": describe_device(target.device),
         "max_new_tokens": cfg.max_new_tokens, "date": now_iso(),
         "source": source or f"eaglewire bench --sweep on {describe_device(target.device)} at {now_iso()}",
+        "resumed_settings": [] if progress is None else progress.resumed,
     }  # fmt: skip
     predictions = prediction_rows(predictor, measured)
     served: list[ServedPrediction] = []
@@ -346,4 +382,5 @@ def write_sweep(result: SweepResult, out_dir: Path, *, plots: bool = True) -> li
     data = {**result.to_json(), "prediction_summary": prediction_summary(result.predictions)}
     atomic_write_json(out_dir / "sweep.json", data)
     atomic_write_text(out_dir / "sweep.md", sweep_markdown(result))
+    (out_dir / PARTIAL_FILE).unlink(missing_ok=True)  # the whole sweep is written: its progress is not needed
     return [*written, out_dir / "sweep.json", out_dir / "sweep.md"]

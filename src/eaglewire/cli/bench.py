@@ -91,6 +91,12 @@ def bench(
     write_best: bool = typer.Option(
         True, "--write-best/--no-write-best", help="--sweep: write best_setting.json into --draft"
     ),
+    sweep_resume: bool = typer.Option(
+        True,
+        "--sweep-resume/--no-sweep-resume",
+        help="--sweep: each finished setting is saved to --out/sweep.partial.json at once; reuse the "
+        "settings a cut-short run of the same sweep saved there (--no-sweep-resume: measure them again)",
+    ),
     eval_report: Path = typer.Option(
         None,
         "--eval-report",
@@ -183,8 +189,9 @@ def bench(
             served_prediction=served_prediction,
         )
         _sweep(
-            loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best, dtype
-        )
+            loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best, dtype,
+            resume=sweep_resume,
+        )  # fmt: skip
         return
 
     from eaglewire.bench.harness import BenchConfig, run_benchmark
@@ -245,12 +252,16 @@ def _sweep(
     as_json: bool,
     write_best: bool,
     dtype: str,
+    *,
+    resume: bool,
 ) -> None:
     from eaglewire.bench.report import describe_device, now_iso
     from eaglewire.bench.sweep import run_sweep, sweep_markdown, write_best_setting, write_sweep
 
     source = f"{command} | {now_iso()} | {describe_device(loaded.device)}"
-    result = run_sweep(loaded, draft, prompt_set, cfg, predictor=predictor, source=source)
+    result = run_sweep(
+        loaded, draft, prompt_set, cfg, predictor=predictor, source=source, progress_dir=out, resume=resume
+    )
     paths = write_sweep(result, out, plots=plots)
     if write_best:
         best = write_best_setting(result, draft)

@@ -140,3 +140,17 @@ def test_tau_by_category_pools_each_category_and_the_report_shows_it() -> None:
         meta={"prompts": "mt-bench"}, results={"plain": plain, "eagle-chain": chain}, reference="plain"
     )
     assert "tau by prompt category:" in report.markdown()
+
+
+def test_a_method_result_survives_its_json() -> None:
+    """What a sweep saves of a finished setting (`sweep_progress`) reads back to the same numbers."""
+    import json
+
+    a = run("a", [1, 2, 3, 4], 0.5, tau=2.0, num_verifications=2, per_position_acceptance=[1.0, 0.5],
+            phase_seconds={"draft": 0.1, "verify": 0.3}, accepted_per_round=[1, 1], emitted_per_round=[2, 2],
+            text="hi", finish_reason="max_new_tokens", category="writing")  # fmt: skip
+    b = run("b", [5, 6], 0.25)
+    original = MethodResult("eagle-tree", available=True, settings={"num_steps": 2}, runs=[a, b])
+    back = MethodResult.from_json(json.loads(json.dumps(original.to_json())))
+    assert back.to_json() == original.to_json()
+    assert back.runs == original.runs

@@ -98,3 +98,56 @@ def test_tiny_sweep_writes_best_setting(tiny_target, draft_dir, two_prompts, tmp
     assert data["best_setting"] == best and data["prediction_summary"]["settings_compared"] == 2
     md = (out / "sweep.md").read_text()
     assert "Fastest per batch size" in md and "- batch 2: method=plain" in md
+
+
+def test_a_cut_sweep_keeps_its_settings_and_a_rerun_measures_only_the_rest(  # type: ignore[no-untyped-def]
+    tiny_target, draft_dir, two_prompts, tmp_path: Path, monkeypatch
+) -> None:
+    """A sweep stopped inside its third setting (as a time limit stops it) left the first two and
+    plain in sweep.partial.json; the rerun reuses them as they were and measures the third."""
+    import eaglewire.bench.sweep as sweep_module
+    from eaglewire.bench.sweep_progress import PARTIAL_FILE
+
+    cfg = SweepConfig(num_steps=(1, 2), topk=(1,), num_draft_tokens=(3,), max_new_tokens=6, warmup=0,
+                      repeats=1, served_prediction=False)  # fmt: skip
+    real = sweep_module.speculative_fn
+
+    def cut_at_two_steps(engine, spec):  # type: ignore[no-untyped-def]
+        if spec.num_steps == 2:
+            raise KeyboardInterrupt("the time limit")
+        return real(engine, spec)
+
+    monkeypatch.setattr(sweep_module, "speculative_fn", cut_at_two_steps)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(tiny_target, draft_dir, two_prompts, cfg, progress_dir=tmp_path)
+    saved = json.loads((tmp_path / PARTIAL_FILE).read_text())
+    assert list(saved["results"]) == ["plain", "steps1-topk1-nodes2"]
+    first_seconds = [r["seconds"] for r in saved["results"]["steps1-topk1-nodes2"]["prompts"]]
+
+    monkeypatch.setattr(sweep_module, "speculative_fn", real)
+    result = run_sweep(tiny_target, draft_dir, two_prompts, cfg, progress_dir=tmp_path)
+    assert result.meta["resumed_settings"] == ["plain", "steps1-topk1-nodes2"]
+    rows = {r.setting.get("num_steps", 0): r for r in result.rows if "topk" in r.setting}
+    assert set(rows) == {1, 2} and all(r.greedy_matches_plain for r in rows.values())
+    again = json.loads((tmp_path / PARTIAL_FILE).read_text())
+    assert [r["seconds"] for r in again["results"]["steps1-topk1-nodes2"]["prompts"]] == first_seconds
+    write_sweep(result, tmp_path, plots=False)
+    assert (tmp_path / "sweep.json").exists() and not (tmp_path / PARTIAL_FILE).exists()
+
+
+def test_a_rerun_of_a_different_sweep_names_what_differs(  # type: ignore[no-untyped-def]
+    tiny_target, draft_dir, two_prompts, tmp_path: Path
+) -> None:
+    from eaglewire.bench.sweep_progress import PARTIAL_FILE
+
+    cfg = SweepConfig(num_steps=(1,), topk=(1,), num_draft_tokens=(3,), max_new_tokens=6, warmup=0,
+                      repeats=1, served_prediction=False)  # fmt: skip
+    run_sweep(tiny_target, draft_dir, two_prompts, cfg, progress_dir=tmp_path)
+    longer = SweepConfig(num_steps=(1,), topk=(1,), num_draft_tokens=(3,), max_new_tokens=7, warmup=0,
+                         repeats=1, served_prediction=False)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"max_new_tokens: saved=6 now=7") as err:
+        run_sweep(tiny_target, draft_dir, two_prompts, longer, progress_dir=tmp_path)
+    assert "--no-sweep-resume" in str(err.value.fix)
+    assert (tmp_path / PARTIAL_FILE).exists()  # nothing already measured is lost
+    fresh = run_sweep(tiny_target, draft_dir, two_prompts, longer, progress_dir=tmp_path, resume=False)
+    assert fresh.meta["resumed_settings"] == []

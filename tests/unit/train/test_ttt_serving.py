@@ -153,5 +153,9 @@ def test_unroll_equals_the_dense_mask_reference(setup, monkeypatch, block_rows):
                 )
     assert grads[0].keys() == grads[1].keys() and "layer.self_attn.k_proj.weight" in grads[0]
     for k in grads[0]:
-        torch.testing.assert_close(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-5, msg=k)
+        # relative to the whole tensor, not per element: float32 sums in another order (per block vs
+        # dense) left one of embed_tokens' 24,576 scatter-added entries 1.3e-5 off (AVX-512 CPU),
+        # while a wrong mask moves a gradient by a sizeable part of its norm
+        error = float((grads[0][k] - grads[1][k]).norm() / grads[1][k].norm().clamp_min(1e-12))
+        assert error < 1e-5, f"{k}: relative error {error:.2e}"
     draft.zero_grad()

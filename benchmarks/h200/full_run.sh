@@ -31,12 +31,16 @@
 #   train_profile benchmarks/train_profile.py: a training step's phases and kernels
 #   label_ab    benchmarks/label_ab.py: the quickstart's draft continued with soft vs hard labels
 #               (hard_label_weight 0 and 1, LABEL_AB_SECONDS each), scored by the held-out replay
+#   quickstart_data  the quickstart's first two stages alone (--stop-after data; `quickstart` resumes)
+#   levers      benchmarks/draft_levers.py: fresh drafts of LEVERS_STEPS steps each on the quickstart's
+#               data, one per training lever (LEVERS_ARGS: its --variant flags), scored by the replay
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist (a cut sweep
 # measures only the settings its sweep.partial.json lacks), the quickstart skips its finished
 # stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, SWEEP_TIMEOUT_S,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
+# LEVERS_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -250,6 +254,30 @@ do_label_ab() {
   return "${PIPESTATUS[0]}"
 }
 
+do_quickstart_data() {
+  # shellcheck disable=SC2086 # QS_ARGS: extra flags, word-split on purpose
+  timeout "${QS_TIMEOUT_S:-1500}" "$PY" -m eaglewire quickstart --preset "$preset" --target "$target" \
+    --out "$runs/quickstart" ${QS_ARGS:-} --stop-after data
+}
+
+# The default variants: the preset itself, undecayed step weights, twice the learning rate, and the
+# top aux boundary moved to the last layer's output (pre-norm); three boundaries, as SGLang and vLLM need.
+LEVERS_DEFAULT="--variant base --variant decay1 step_weight_decay=1.0 --variant lr2x learning_rate=1e-3 --variant top_is_last aux_boundaries=2,15,30"
+do_levers() {
+  [ -d "$qs/data/train" ] || { say "no quickstart data ($qs/data/train): run quickstart_data first"; return 1; }
+  local sizes=() variants=${LEVERS_ARGS:-$LEVERS_DEFAULT}
+  if [ "$TINY" = 1 ]; then
+    sizes=(--chain 2 --tree 2,2,3 --horizon 16 --set batch_size=2 max_length=256 ttt_steps=2 compile=false)
+    variants=${LEVERS_ARGS:-"--variant base --variant decay1 step_weight_decay=1.0"}
+  fi
+  # shellcheck disable=SC2086 # variants: flags, word-split on purpose
+  timeout "${LEVERS_TIMEOUT_S:-1200}" "$PY" benchmarks/draft_levers.py --target "$target" --run "$qs" \
+    --preset "$preset" --steps "${LEVERS_STEPS:-$([ "$TINY" = 1 ] && echo 3 || echo 1500)}" "${sizes[@]}" \
+    $variants --work "$runs/levers" --out "$results/draft_levers.json" 2>&1 | grep -v "Loading weights" \
+    | tail -n 20 | tee "$results/draft_levers.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 do_export() {
   local d fmt rc=0
   d=$(draft_dir) || { say "no trained draft: export skipped"; return 1; }
@@ -269,7 +297,8 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | train_profile | quickstart | label_ab | sweep | export | gpu_tests) step "$name" "do_$name" ;;
+    draft_speed | capture | loop_profile | train_profile | quickstart | quickstart_data | levers | label_ab | sweep | export | gpu_tests)
+      step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac
 done

@@ -111,3 +111,32 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
         resumed_summary["decode"]["chitchat-eval"],
         summary["predicted_tau_chain_first_answers"],
     )
+
+
+def test_stop_after_data_then_a_rerun_goes_on_from_there(tmp_path, monkeypatch):
+    """--stop-after data leaves the data stage's datasets (what benchmarks/draft_levers.py trains
+    on) and no later stage; the rerun without it reuses the data and runs the rest."""
+    from eaglewire.errors import ConfigError
+
+    monkeypatch.setenv("EAGLEWIRE_HOME", str(tmp_path / "home"))
+    with pytest.raises(ConfigError, match="stop_after: expected one of"):
+        QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", stop_after="trian")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target_dir = save_tiny_target(make_tiny_target("llama"), tmp_path / "target")
+        first = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir),
+                              stop_after="data")  # fmt: skip
+        stopped = run_quickstart(first)
+        assert stopped["stopped_after"] == "data" and set(stopped["stage_seconds"]) == {"target", "data"}
+        run_dir = tmp_path / "run"
+        assert (run_dir / "data.json").exists() and not (run_dir / "train.json").exists()
+        assert not (run_dir / "summary.json").exists()
+        for part in ("train", "eval", "vocab"):
+            assert (run_dir / "data" / part).is_dir(), part
+        again = QuickstartRun(preset=get_preset("tiny"), out_dir=run_dir, target=str(target_dir))
+        summary = run_quickstart(again)
+    finally:
+        torch.set_num_threads(threads)
+    assert [s.name for s in again.stages if s.skipped] == ["target", "data"]
+    assert "stopped_after" not in summary and (run_dir / "summary.json").exists()

@@ -161,6 +161,12 @@ def quickstart(
         help="leave out the transformers baselines (generate, prompt lookup, compiled static cache): "
         "they do not depend on the draft, and on the H200 they take ~3 of the decode stage's ~7 minutes",
     ),
+    stop_after: str = typer.Option(
+        None,
+        "--stop-after",
+        help="the last stage to run (target | data | train | eval | decode | export | doctor); rerun "
+        "without it to go on from there",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
@@ -198,11 +204,16 @@ def quickstart(
         console.print(f"[bold cyan]stage {STAGES.index(stage) + 1}/{len(STAGES)}: {stage}[/]")
 
     run = QuickstartRun(
-        preset=chosen, out_dir=out_dir, target=target, on_stage=announce, on_target_report=show_target_report
-    )
+        preset=chosen, out_dir=out_dir, target=target, on_stage=announce, on_target_report=show_target_report,
+        stop_after=stop_after,
+    )  # fmt: skip
     summary = run_quickstart(run)
     if as_json:
         print_json(summary)
+    elif "stopped_after" in summary:
+        console.print(
+            f"stopped after stage {summary['stopped_after']} (--stop-after); rerun without it to go on"
+        )
     else:
         show_summary(summary)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import QuickstartPreset
 from eaglewire.recipes.quickstart_data import stage_data, training_data_dir
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TARGET = "smollm2"
+
+
+class _Stopped(Exception):
+    """The stage `QuickstartRun.stop_after` names has finished (caught by `run_quickstart`)."""
 
 
 @dataclass
@@ -48,8 +53,11 @@ class QuickstartRun:
     stages: list[StageLog] = field(default_factory=list)
     on_stage: Callable[[str], None] | None = None
     on_target_report: Callable[[Any], None] | None = None  # gets the TargetReport when the target stage runs
+    stop_after: str | None = None  # the last stage to run (None: all); a rerun without it resumes there
 
     def __post_init__(self) -> None:
+        if self.stop_after is not None and self.stop_after not in STAGES:
+            raise ConfigError(f"stop_after: expected one of {list(STAGES)}, got {self.stop_after!r}")
         # stage results record paths (the trained draft's, the exports'): absolute, so that a rerun
         # from another working directory resumes the same run instead of missing its files
         self.out_dir = Path(self.out_dir).resolve()
@@ -65,15 +73,17 @@ class QuickstartRun:
         if marker.exists():
             done = json.loads(marker.read_text())
             self.stages.append(StageLog(name, done["seconds"], done["result"], skipped=True))
-            return dict(done["result"])
-        for later in STAGES[STAGES.index(name) + 1 :]:  # they ran on what this stage now redoes
-            self.path(f"{later}.json").unlink(missing_ok=True)
-        start = time.perf_counter()
-        result = fn()
-        seconds = time.perf_counter() - start
-        atomic_write_json(marker, {"stage": name, "seconds": seconds, "result": result})
-        self.stages.append(StageLog(name, seconds, result))
-        return result
+        else:
+            for later in STAGES[STAGES.index(name) + 1 :]:  # they ran on what this stage now redoes
+                self.path(f"{later}.json").unlink(missing_ok=True)
+            start = time.perf_counter()
+            result = fn()
+            seconds = time.perf_counter() - start
+            atomic_write_json(marker, {"stage": name, "seconds": seconds, "result": result})
+            self.stages.append(StageLog(name, seconds, result))
+        if name == self.stop_after:
+            raise _Stopped
+        return dict(self.stages[-1].result)
 
 
 def train_config(preset: QuickstartPreset) -> TrainConfig:
@@ -365,7 +375,21 @@ def stage_doctor(run: QuickstartRun) -> dict[str, Any]:
 
 
 def run_quickstart(run: QuickstartRun) -> dict[str, Any]:
-    """Every stage in order; returns the summary (also written to summary.json)."""
+    """Every stage in order (up to `run.stop_after`); returns the summary, also written to
+    summary.json when every stage ran. Stopped early (e.g. after 'data', which prepares what
+    `benchmarks/draft_levers.py` trains on), the summary names the stage and has no results."""
+    try:
+        return _run_stages(run)
+    except _Stopped:
+        return {
+            "preset": run.preset.name,
+            "stage_seconds": {s.name: s.seconds for s in run.stages},
+            "stopped_after": run.stop_after,
+            "out_dir": str(run.out_dir),
+        }
+
+
+def _run_stages(run: QuickstartRun) -> dict[str, Any]:
     from eaglewire.recipes.inspect_target import inspect_target
     from eaglewire.target.loading import load_target
 

@@ -1,0 +1,169 @@
+"""Which training lever moves greedy acceptance? Fresh drafts trained for the same number of steps.
+
+Issue 5 asks for chain-5 tau >= 3.5; the quickstart's draft reaches 2.35-2.97 (BENCHMARKS.md 2p),
+and more data of the same kind (2h, 2n), a 3x wider MLP (2i) and hard labels (2j) did not move it.
+This script screens the levers that are left, each a fresh draft from the same quickstart data
+(`RUN/data/train`, `RUN/data/eval`, `RUN/data/vocab`), the preset's recipe and seed, trained for
+`--steps` optimizer steps, and scored by the held-out replay of what the benchmark serves (each
+record's first answer, its first `--horizon` tokens; the quickstart's own tau prediction, within
+0.5-7% of the measured tau on the H200 runs):
+
+    python benchmarks/draft_levers.py --run RUN --steps 1500 --out levers.json \
+        --variant base --variant decay1 step_weight_decay=1.0 --variant lr2x learning_rate=1e-3 \
+        --variant top_is_last aux_boundaries=2,15,30 --variant embed train_embeddings=true   # on the GPU
+
+A variant is a name and `field=value` pairs: any `TrainConfig` field, `aux_boundaries` (the target
+boundaries the draft reads; SGLang and vLLM take exactly three) or `draft_intermediate_size`.
+`--set field=value` applies to every variant (the CPU check shrinks the recipe with it). The JSON
+is rewritten after each variant, and a rerun with the same arguments skips the variants it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from eaglewire.bench.prediction import evaluate_predictor, predict_tau
+from eaglewire.data.vocab import load_draft_vocab
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import ConfigError
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.recipes.presets import PRESETS
+from eaglewire.recipes.quickstart import train_config
+from eaglewire.train.config import TrainConfig
+from eaglewire.train.evaluate import FIRST_ANSWER
+from eaglewire.train.run import run_training
+from eaglewire.typed_config import from_dict
+
+RUN_FIELDS = ("aux_boundaries", "draft_intermediate_size")  # run_training arguments, not TrainConfig fields
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--run", type=Path, required=True, help="a quickstart run directory (its data/)")
+    ap.add_argument("--preset", default="gpu", help="the quickstart preset whose training recipe is the base")
+    ap.add_argument("--steps", type=int, default=1500, help="optimizer steps of every variant")
+    ap.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [FIELD=VALUE ...]")
+    ap.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="applied to every variant")
+    ap.add_argument("--chain", type=int, default=5, help="chain length predicted")
+    ap.add_argument("--tree", default="8,8,128", help="num_steps,topk,num_draft_tokens of the tree predicted")
+    ap.add_argument("--horizon", type=int, default=128, help="tokens per answer replayed (the decode length)")
+    ap.add_argument("--eval-max-records", type=int, default=0, help="held-out records scored (0 = all)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--work", type=Path, default=None, help="run directories (default: beside --out)")
+    ap.add_argument("--out", type=Path, default=Path("draft_levers.json"))
+    return ap.parse_args(argv)
+
+
+def parse_value(text: str) -> Any:
+    """JSON where it parses (1e-3, true, 0.8), a list of ints for '2,15,30', else the string."""
+    if "," in text:
+        return [int(v) for v in text.split(",")]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_pairs(pairs: list[str], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"{where}: expected FIELD=VALUE, got {pair!r}")
+        out[name] = parse_value(value)
+    return out
+
+
+def variant_setup(
+    base: TrainConfig, overrides: dict[str, Any], where: str
+) -> tuple[TrainConfig, dict[str, Any]]:
+    """(the variant's TrainConfig, its run_training arguments); unknown fields name the variant."""
+    run_args = {k: overrides[k] for k in RUN_FIELDS if k in overrides}
+    fields = {k: v for k, v in overrides.items() if k not in RUN_FIELDS}
+    config = from_dict(TrainConfig, {**dataclasses.asdict(base), **fields}, where=where)
+    return config, run_args
+
+
+def score(args: argparse.Namespace, draft_dir: Path, tree: SpecArgs, ttt_steps: int) -> dict[str, Any]:
+    """Held-out replay of the served text: first answers up to the decode horizon."""
+    predictor = evaluate_predictor(
+        draft_dir, args.target, args.run / "data" / "eval", num_steps=max(args.chain, ttt_steps, tree.num_steps),
+        max_records=args.eval_max_records, device=args.device, horizon=args.horizon, answer=FIRST_ANSWER,
+    )  # fmt: skip
+    summary = predictor.summary()
+    return {
+        "tau_chain": predictor.tau_chain(args.chain),
+        "tau_tree": predict_tau(predictor, tree),
+        "acc": summary["acc"],
+        "cond_acc": summary["cond_acc"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tree = SpecArgs(*(int(x) for x in args.tree.split(",")))
+    if args.preset not in PRESETS:
+        raise ConfigError(f"--preset: expected one of {sorted(PRESETS)}, got {args.preset!r}")
+    common = parse_pairs(args.set, "--set")
+    base = dataclasses.replace(
+        train_config(PRESETS[args.preset]), max_steps=args.steps, max_seconds=0.0, epochs=10_000,
+        checkpoint_every=0, eval_every=0,
+    )  # fmt: skip
+    variants = []
+    for name, *pairs in args.variant:
+        overrides = {**common, **parse_pairs(pairs, f"--variant {name}")}
+        variants.append((name, overrides, *variant_setup(base, overrides, f"--variant {name}")))
+    names = [v[0] for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--variant: names must differ, got {names}")
+    draft_to_target = load_draft_vocab(args.run / "data" / "vocab").draft_to_target
+    work = args.work or args.out.with_suffix("")
+    key = {k: str(v) for k, v in vars(args).items() if k != "out"}
+    done: dict[str, dict[str, Any]] = {}
+    if args.out.exists():
+        saved = json.loads(args.out.read_text())
+        if saved.get("args") == key:
+            done = {r["variant"]: r for r in saved["rows"]}
+            say(f"{args.out}: {len(done)} variant(s) already scored ({', '.join(done)}); skipped")
+    rows = [done[n] for n in names if n in done]
+    for name, overrides, config, run_args in variants:
+        if name in done:
+            continue
+        say(f"variant {name} {overrides or '(the preset)'}: {args.steps} steps")
+        t0 = time.perf_counter()
+        trained = run_training(
+            target=args.target, data_dir=args.run / "data" / "train", out_dir=work / name, config=config,
+            draft_to_target=draft_to_target, device=args.device, progress=False, **run_args,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        rows.append({"variant": name, "overrides": overrides, "optimizer_steps": trained.optimizer_steps,
+                     "tokens": trained.tokens, "train_seconds": round(seconds, 1),
+                     **score(args, trained.draft_dir, tree, config.ttt_steps)})  # fmt: skip
+        atomic_write_json(args.out, {"args": key, "rows": rows})
+    print(
+        f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  acc per step"
+    )
+    for r in rows:
+        acc = " ".join(f"{a:.3f}" for a in r["acc"][: args.chain + 1])
+        print(f"{r['variant']:<14} {r['optimizer_steps']:>6} {r['train_seconds']:>8.1f} "
+              f"{r['tau_chain']:8.3f} {r['tau_tree']:6.3f}  {acc}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

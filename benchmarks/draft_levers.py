@@ -95,15 +95,19 @@ def variant_setup(
     return config, run_args
 
 
-def score(args: argparse.Namespace, draft_dir: Path, tree: SpecArgs, ttt_steps: int) -> dict[str, Any]:
-    """Held-out replay of the served text: first answers up to the decode horizon."""
+def replay_scores(
+    target: str, draft_dir: Path, eval_dir: Path, *, chain: int, tree: SpecArgs, horizon: int,
+    ttt_steps: int, max_records: int = 0, device: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Held-out replay of the served text (first answers up to the decode horizon): the predicted
+    tau of a `chain` and of `tree`, and accuracy per step. benchmarks/label_ab.py scores with it too."""
     predictor = evaluate_predictor(
-        draft_dir, args.target, args.run / "data" / "eval", num_steps=max(args.chain, ttt_steps, tree.num_steps),
-        max_records=args.eval_max_records, device=args.device, horizon=args.horizon, answer=FIRST_ANSWER,
+        draft_dir, target, eval_dir, num_steps=max(chain, ttt_steps, tree.num_steps), max_records=max_records,
+        device=device, horizon=horizon, answer=FIRST_ANSWER,
     )  # fmt: skip
     summary = predictor.summary()
     return {
-        "tau_chain": predictor.tau_chain(args.chain),
+        "tau_chain": predictor.tau_chain(chain),
         "tau_tree": predict_tau(predictor, tree),
         "acc": summary["acc"],
         "cond_acc": summary["cond_acc"],
@@ -149,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         rows.append({"variant": name, "overrides": overrides, "optimizer_steps": trained.optimizer_steps,
                      "tokens": trained.tokens, "train_seconds": round(seconds, 1),
-                     **score(args, trained.draft_dir, tree, config.ttt_steps)})  # fmt: skip
+                     **replay_scores(args.target, trained.draft_dir, args.run / "data" / "eval", chain=args.chain,
+                                     tree=tree, horizon=args.horizon, ttt_steps=config.ttt_steps,
+                                     max_records=args.eval_max_records, device=args.device)})  # fmt: skip
         atomic_write_json(args.out, {"args": key, "rows": rows})
     print(
         f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  acc per step"

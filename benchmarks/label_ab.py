@@ -27,15 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eaglewire.bench.prediction import predict_tau
+from draft_levers import replay_scores  # benchmarks/ is the script's folder: on sys.path
+
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.train.config import TrainConfig
-from eaglewire.train.evaluate import FIRST_ANSWER, EvalResult
-from eaglewire.train.run import run_eval, run_training
+from eaglewire.train.run import run_training
 
 
 def say(message: str) -> None:
@@ -66,23 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def score(args: argparse.Namespace, draft_dir: Path, tree: SpecArgs) -> dict[str, Any]:
-    """Held-out replay of the served text: first answers up to the decode horizon."""
-    result: EvalResult = run_eval(
-        draft_dir=draft_dir,
-        target=args.target,
-        data_dir=args.eval_data,
-        num_steps=max(args.chain, args.ttt_steps, tree.num_steps),
-        max_length=args.max_length,
-        device=args.device,
-    )
-    served = replace(result, horizon=args.horizon, answer=FIRST_ANSWER)
-    summary = served.summary()
-    return {
-        "tau_chain": served.tau_chain(args.chain),
-        "tau_tree": predict_tau(served, tree),
-        "acc": summary["acc"],
-        "cond_acc": summary["cond_acc"],
-    }
+    return replay_scores(
+        args.target, draft_dir, args.eval_data, chain=args.chain, tree=tree, horizon=args.horizon,
+        ttt_steps=args.ttt_steps, device=args.device,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

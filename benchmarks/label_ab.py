@@ -26,19 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from draft_levers import replay_scores  # benchmarks/ is the script's folder: on sys.path
+from draft_levers import replay_scores, say  # benchmarks/ is the script's folder: on sys.path
 
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.run import run_training
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

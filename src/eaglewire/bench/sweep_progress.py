@@ -4,7 +4,8 @@ machine) keeps what it measured and a rerun measures only the rest.
 `sweep.partial.json` beside `sweep.json` holds what identifies the run (`SweepKey`) and every
 finished setting's `MethodResult` (its runs' tokens too, so greedy comparisons and the served-text
 prediction work on restored settings). It is rewritten atomically after each setting and removed
-once `sweep.json` is written (`bench.sweep.write_sweep`). A rerun whose key differs stops with the differing fields named."""
+once `sweep.json` is written (`bench.sweep.write_sweep`). A rerun whose key differs stops, naming
+the differing fields."""
 
 from __future__ import annotations
 

@@ -70,8 +70,8 @@ def commit_leading(runner: TargetRunner, counts: torch.Tensor, width: int) -> No
 
 
 def reserve_verify_width(runner: TargetRunner, num_new_tokens: int) -> None:
-    """Tell a runner that graphs its forwards up to a width (the fast runtime) that trees of
-    `num_new_tokens` nodes will be verified, so they run graphed too; other runners need nothing."""
+    """Widen the CUDA-graphed forward width of a runner that has one (the fast runtime) to trees of
+    `num_new_tokens` nodes, so their verification replays a graph too; other runners are left alone."""
     reserve = getattr(runner, "reserve_verify_width", None)
     if reserve is not None:
         reserve(num_new_tokens)

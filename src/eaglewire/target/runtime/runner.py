@@ -306,7 +306,7 @@ class FastTargetRunner:
             log.warning(
                 "a tree forward of %d new tokens runs without CUDA graphs (graph_max_new_tokens=%d), "
                 "several times slower; call runner.reserve_verify_width(%d) first "
-                "(SpeculativeDecoder does it for its setting)",
+                "(speculative_generate does it for its drafter's setting)",
                 N,
                 self.graph_max_new_tokens,
                 N,

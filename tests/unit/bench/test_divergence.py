@@ -20,7 +20,7 @@ from eaglewire.bench.divergence import (
 from eaglewire.bench.report import _margin_note, _ties_note, markdown_table
 from eaglewire.bench.results import MethodResult, Mismatch, PromptRun, compare_outputs, fill_comparisons
 from eaglewire.cli.quickstart import _same
-from eaglewire.recipes.quickstart import _explained
+from eaglewire.recipes.quickstart_decode import _explained
 
 PROMPT = [5, 17, 42, 7, 99, 3]
 NEW_TOKENS = 6

@@ -106,7 +106,7 @@ def test_sets_outside_prompt_sets_are_refused_naming_both_fields():
 
 def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets_then_the_baselines():
     from eaglewire.bench.prompts import MT_BENCH_COUNT, load_prompt_set
-    from eaglewire.recipes.quickstart import DecodeRun, decode_runs
+    from eaglewire.recipes.quickstart_decode import DecodeRun, decode_runs
 
     gpu = PRESETS["gpu"]
     runs = decode_runs(gpu)

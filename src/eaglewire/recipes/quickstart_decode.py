@@ -1,0 +1,165 @@
+"""The quickstart's decode stage: plain vs EAGLE-3 chain and tree on held-out prompt sets (and the
+transformers baselines where the preset asks), each speculative setting's held-out and served-text
+predictions beside its measured tau, and the summary's per-set taus."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eaglewire.recipes.presets import QuickstartPreset
+
+if TYPE_CHECKING:
+    from eaglewire.bench.prediction import PredictionRow
+    from eaglewire.bench.results import Mismatch
+    from eaglewire.recipes.quickstart import QuickstartRun
+    from eaglewire.train.evaluate import EvalResult
+
+log = logging.getLogger(__name__)
+
+
+def stage_decode(
+    run: QuickstartRun, loaded: Any, draft_dir: Path, *, heldout: EvalResult | None = None
+) -> dict[str, Any]:
+    """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts, with
+    the held-out prediction of each speculative setting beside its measured tau. `heldout`: the eval
+    stage's result as the decode stage serves (`as_benchmark`) when that stage ran in this process;
+    None evaluates here (a resumed run whose eval stage finished earlier)."""
+    from eaglewire.bench.baselines import HF_METHODS
+    from eaglewire.bench.engine_adapter import load_engine
+    from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
+    from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.recipes.quickstart import as_benchmark, evaluate_heldout  # it imports this module
+
+    p = run.preset
+    out: dict[str, Any] = {}
+    if heldout is None:
+        log.info("held-out prediction: evaluating the draft on the held-out data (eval stage ran earlier)")
+        heldout = as_benchmark(run, evaluate_heldout(run, draft_dir))
+    runs = decode_runs(p)
+    prompt_sets = {r.name: load_prompt_set(r.prompt_set, r.num_prompts) for r in runs}
+    # one engine for every prompt set: each decoder compiles and captures its graphs once
+    nodes = max(p.tree_num_draft_tokens, p.chain_steps + 1)
+    room = max(
+        Workload.build(loaded, prompts, max_new_tokens=p.decode_max_new_tokens, chat=True).max_seq_len(nodes)
+        for prompts in prompt_sets.values()
+    )
+    engine = load_engine(loaded, draft_dir, max_seq_len=room)
+    for bench_run in runs:
+        name, prompts = bench_run.name, prompt_sets[bench_run.name]
+        hf = HF_METHODS if bench_run.with_baselines else ()
+        cfg = BenchConfig(
+            max_new_tokens=p.decode_max_new_tokens,
+            methods=("plain", "eagle-chain", "eagle-tree", *hf),
+            chain_steps=p.chain_steps,
+            tree_num_steps=p.tree_num_steps,
+            tree_topk=p.tree_topk,
+            tree_num_draft_tokens=p.tree_num_draft_tokens,
+            warmup=1,
+            repeats=p.timing_repeats,
+        )
+        report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine, predictor=heldout)
+        report.write(run.path("decode", name))
+        served = {row.method: row for row in report.served_predictions}
+        out[name] = {
+            m: {
+                "tokens_per_s": r.tokens_per_s,
+                "tau": r.tau,
+                **_heldout_fields(r.settings, report.predictions),
+                "speedup_vs_plain": r.speedup_vs_plain,
+                "decode_tokens_per_s": r.decode_tokens_per_s,
+                "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
+                "identical_to_plain": None if r.mismatches is None else not r.mismatches,
+                # every difference explained by rounding or the reference's drift (not this method's bug)
+                "differences_explained": _explained(r.mismatches),
+                "per_position_acceptance": r.per_position_acceptance,
+                **_served_fields(served.get(m)),
+            }
+            for m, r in report.results.items()
+            if r.available
+        }
+    return out
+
+
+WHOLE_SUFFIX = "-all"  # a prompt set decoded whole (QuickstartPreset.whole_sets)
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """One bench run of the decode stage."""
+
+    name: str  # where its results go: decode/<name>, and its key in the decode stage's result
+    prompt_set: str
+    num_prompts: int | None  # the first this many prompts; None = all
+    with_baselines: bool  # also time the transformers baselines (~27 ms a token on an H200)
+
+
+def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
+    """Every prompt set's first decode_prompts, then each whole set (every prompt, our decoders
+    only), then the sets that also time the transformers baselines: those take minutes on a GPU,
+    so a run cut short by its time budget has lost only them."""
+    firsts = [
+        DecodeRun(name, name, preset.decode_prompts, name in preset.hf_baseline_sets)
+        for name in preset.prompt_sets
+    ]
+    wholes = [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
+    runs = [r for r in firsts if not r.with_baselines] + wholes
+    return runs + [r for r in firsts if r.with_baselines]
+
+
+def _explained(mismatches: list[Mismatch] | None) -> bool | None:
+    """True when every measured greedy difference is rounding or the reference's drift from the
+    target's forward (`eaglewire.bench.divergence.cause_of`), False when one is this method's (a
+    bug), None when there are none (or none was measured)."""
+    from eaglewire.bench.divergence import THIS_METHOD  # torch-heavy, like the stages' imports
+
+    causes = [m.cause for m in mismatches or [] if m.cause is not None]
+    return THIS_METHOD not in causes if causes else None
+
+
+def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:
+    """A speculative method's held-out prediction (`eaglewire.bench.prediction`): its row of `rows`
+    is the one for its setting; other methods have none."""
+    row = next((r for r in rows if r.setting == settings), None)
+    if row is None:
+        return {}
+    return {
+        "heldout_predicted_tau": row.predicted_tau,
+        "heldout_relative_error": row.relative_error,
+        "heldout_prediction_note": row.note,
+    }
+
+
+def _served_fields(row: Any) -> dict[str, Any]:
+    """A speculative method's prediction on the text it served (`eaglewire.bench.served`), if made."""
+    if row is None:
+        return {}
+    return {
+        "served_predicted_tau": row.predicted_tau,
+        "measured_tau_in_text": row.measured_tau_in_text,
+        "served_relative_error": row.relative_error,
+        "served_predicted_per_position_acceptance": (
+            [] if row.predicted is None else row.predicted.per_position_acceptance
+        ),
+        "served_prediction_note": row.note,
+    }
+
+
+def served_tau_chain(decoded: dict[str, Any]) -> dict[str, float | None]:
+    """Per prompt set: the chain's tau predicted on the text it served (None where not made)."""
+    return {
+        name: methods.get("eagle-chain", {}).get("served_predicted_tau") for name, methods in decoded.items()
+    }
+
+
+def heldout_tau(decoded: dict[str, Any]) -> dict[str, float | None]:
+    """Per speculative method: its tau predicted on the held-out data at the decode horizon (the same
+    for every prompt set; None where not made)."""
+    out: dict[str, float | None] = {}
+    for methods in decoded.values():
+        for method, r in methods.items():
+            if "heldout_predicted_tau" in r and out.get(method) is None:
+                out[method] = r["heldout_predicted_tau"]
+    return out

@@ -1,0 +1,110 @@
+"""Which tree shapes would pass a tau goal on a prompt set? Predicted offline on the text it served.
+
+A sweep measures each tree shape on a GPU; this predicts many shapes on any machine, from a bench
+run that has already happened: its plain method's generated tokens (the target's greedy text, which
+every lossless setting serves too) become records, one evaluation of the draft over them runs
+(`eaglewire.bench.served.evaluate_served`), and each shape is replayed on it as the static tree
+`prediction.tree_for_spec` builds (the served prediction of `eaglewire bench`; on the H200 it was
+0.5-4% below the measured tau of the dynamic 8x8x128 tree, BENCHMARKS.md 2p). The bench's own
+measured trees are printed beside their predictions, so the offset can be read off.
+
+    python benchmarks/served_tree_grid.py --draft DRAFT --bench RUN/decode/mt-bench-all/bench.json \
+        --trees 8,8,128 10,8,256 8,10,256 --device cpu --out grid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from eaglewire.bench.harness import Workload
+from eaglewire.bench.prediction import predict_tau
+from eaglewire.bench.prompts import load_prompt_set
+from eaglewire.bench.results import MethodResult
+from eaglewire.bench.served import evaluate_served, float32_draft, served_records
+from eaglewire.draft.io import load_draft
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import ConfigError
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.target.loading import load_target
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--draft", type=Path, required=True)
+    ap.add_argument("--bench", type=Path, required=True, help="a bench.json whose plain method ran")
+    ap.add_argument("--trees", nargs="+", required=True, metavar="STEPS,TOPK,NODES")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=Path("served_tree_grid.json"))
+    return ap.parse_args(argv)
+
+
+def served_inputs(bench: dict[str, Any], target: Any, where: Path) -> tuple[list[list[int]], MethodResult]:
+    """The bench's prompts, encoded as it encoded them, and its plain method's runs; the prompt
+    lengths must match what the bench recorded (else the chat template or the prompt set moved)."""
+    plain = MethodResult.from_json(bench["methods"]["plain"])
+    prompts = load_prompt_set(bench["prompts"], bench["num_prompts"])
+    work = Workload.build(
+        target, prompts, max_new_tokens=bench["max_new_tokens"], chat=bench["chat_template"]
+    )
+    lengths = [len(p) for p in work.prompt_ids]
+    recorded = [r.prompt_tokens for r in plain.runs]
+    if lengths != recorded:
+        first = next(i for i, (a, b) in enumerate(zip(lengths, recorded, strict=True)) if a != b)
+        raise ConfigError(
+            f"{where}: prompt {plain.runs[first].prompt_id} encodes to {lengths[first]} tokens here but "
+            f"{recorded[first]} in the bench",
+            fix="use the tokenizer and prompt set the bench ran with",
+        )
+    return work.prompt_ids, plain
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = json.loads(args.bench.read_text())
+    trees = [SpecArgs(*(int(x) for x in t.split(","))) for t in args.trees]
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    draft, contract = load_draft(args.draft, device=target.device)
+    prompt_ids, plain = served_inputs(bench, target, args.bench)
+    t0 = time.perf_counter()
+    evaluation = evaluate_served(
+        target, float32_draft(draft), contract, served_records(prompt_ids, plain.runs),
+        num_steps=max(t.num_steps for t in trees),
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    measured = {
+        (m["settings"].get("num_steps"), m["settings"].get("topk"), m["settings"].get("num_draft_tokens")): m["tau"]
+        for name, m in bench["methods"].items()
+        if name.startswith("eagle-") and m.get("available")
+    }  # fmt: skip
+    rows = []
+    for t in trees:
+        shape = (t.num_steps, t.topk, t.num_draft_tokens)
+        rows.append({"num_steps": t.num_steps, "topk": t.topk, "num_draft_tokens": t.num_draft_tokens,
+                     "predicted_tau": predict_tau(evaluation, t), "measured_tau": measured.get(shape)})  # fmt: skip
+    out = {"bench": str(args.bench), "draft": str(args.draft), "prompts": bench["prompts"],
+           "num_prompts": bench["num_prompts"], "generated_tokens": plain.new_tokens, "dtype": args.dtype,
+           "device": args.device, "evaluation_seconds": round(seconds, 1), "rows": rows}  # fmt: skip
+    atomic_write_json(args.out, out)
+    print(
+        f"{bench['prompts']} ({bench['num_prompts']} prompts, {plain.new_tokens} tokens), evaluated in {seconds:.1f} s"
+    )
+    print(f"{'tree':<12} {'predicted':>9} {'measured':>9}")
+    for r in rows:
+        m = "-" if r["measured_tau"] is None else f"{r['measured_tau']:.2f}"
+        print(f"{r['num_steps']}x{r['topk']}x{r['num_draft_tokens']:<7} {r['predicted_tau']:9.2f} {m:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from eaglewire.bench.prediction import evaluate_predictor, predict_tau
+from eaglewire.cli.common import run_script
 from eaglewire.data.vocab import load_draft_vocab
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
@@ -168,8 +168,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_script(main)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from eaglewire.bench.prediction import predict_tau
 from eaglewire.bench.prompts import load_prompt_set
 from eaglewire.bench.results import MethodResult
 from eaglewire.bench.served import evaluate_served, float32_draft, served_records
+from eaglewire.cli.common import run_script
 from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
@@ -103,8 +103,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_script(main)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import typer
 from rich import box
@@ -55,6 +55,17 @@ def run_app(app: typer.Typer) -> None:
             show()
             sys.exit(EXIT_INVALID_INPUT)
         raise
+
+
+def run_script(main: Callable[[], int]) -> NoReturn:
+    """A benchmark script's entry point: exit with `main`'s status, or, on bad input (an
+    EaglewireError), with EXIT_INVALID_INPUT and the error on stderr, as the CLI does."""
+    try:
+        status = main()
+    except EaglewireError as e:
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(EXIT_INVALID_INPUT)
+    sys.exit(status)
 
 
 def parse_int_list(text: str | None, *, what: str) -> list[int] | None:

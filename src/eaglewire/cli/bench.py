@@ -120,7 +120,7 @@ def bench(
         True,
         "--served-prediction/--no-served-prediction",
         help="with --draft: replay each speculative setting offline over the text it served and report that "
-        "predicted tau beside the measured one (not with --sweep)",
+        "predicted tau beside the measured one (per setting with --sweep too)",
     ),
     dtype: str = typer.Option(
         "auto", "--dtype", help="float32 | bfloat16 | auto (bfloat16 on CUDA, float32 on CPU)"

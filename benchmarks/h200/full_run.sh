@@ -41,7 +41,7 @@
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
 # LEVERS_TIMEOUT_S, SWEEP_TIMEOUT_S,
-# SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
+# SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
 
@@ -227,7 +227,12 @@ do_quickstart() {
 
 do_sweep() {
   local d
-  d=$(draft_dir) || { say "no trained draft ($qs/train.json missing): sweep skipped"; return 1; }
+  if [ -n "${SWEEP_DRAFT:-}" ]; then # e.g. a lever's draft ($runs/levers/base/draft): no quickstart needed
+    [ -f "$SWEEP_DRAFT/config.json" ] || { say "SWEEP_DRAFT=$SWEEP_DRAFT holds no draft: sweep skipped"; return 1; }
+    d=$SWEEP_DRAFT
+  else
+    d=$(draft_dir) || { say "no trained draft ($qs/train.json missing): sweep skipped"; return 1; }
+  fi
   [ -f "$sweep_out/sweep.json" ] && { say "sweep results exist: $sweep_out"; return 0; }
   local predict=() # the held-out eval set predicts trees as well as chains (a JSON summary: chains only)
   [ -d "$qs/data/eval" ] && predict=(--eval-data "$qs/data/eval" --eval-max-records "${SWEEP_EVAL_RECORDS:-64}")

@@ -4,9 +4,11 @@ A sweep measures each tree shape on a GPU; this predicts many shapes on any mach
 run that has already happened: its plain method's generated tokens (the target's greedy text, which
 every lossless setting serves too) become records, one evaluation of the draft over them runs
 (`eaglewire.bench.served.evaluate_served`), and each shape is replayed on it as the static tree
-`prediction.tree_for_spec` builds (the served prediction of `eaglewire bench`; on the H200 it was
-0.5-4% below the measured tau of the dynamic 8x8x128 tree, BENCHMARKS.md 2p). The bench's own
-measured trees are printed beside their predictions, so the offset can be read off.
+`prediction.tree_for_spec` builds (the served prediction of `eaglewire bench`; 6-8% below the
+H200's measured dynamic trees, BENCHMARKS.md 2p). With `--dynamic` each shape is also decoded by
+the engine's own drafter over the text (`bench.text_replay`: the real dynamic tree, no target
+forward per round), which a CPU test finds round for round equal to the engine's. The bench's own
+measured trees are printed beside the predictions.
 
     python benchmarks/served_tree_grid.py --draft DRAFT --bench RUN/decode/mt-bench-all/bench.json \
         --trees 8,8,128 10,8,256 8,10,256 --device cpu --out grid.json
@@ -25,6 +27,7 @@ from eaglewire.bench.prediction import predict_tau
 from eaglewire.bench.prompts import load_prompt_set
 from eaglewire.bench.results import MethodResult
 from eaglewire.bench.served import evaluate_served, float32_draft, served_records
+from eaglewire.bench.text_replay import replay_on_texts, text_aux
 from eaglewire.cli.common import run_script
 from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
@@ -41,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--trees", nargs="+", required=True, metavar="STEPS,TOPK,NODES")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dynamic", action="store_true", help="also replay each shape's dynamic tree (slower)")
     ap.add_argument("--out", type=Path, default=Path("served_tree_grid.json"))
     return ap.parse_args(argv)
 
@@ -83,11 +87,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, m in bench["methods"].items()
         if name.startswith("eagle-") and m.get("available")
     }  # fmt: skip
+    texts = [(p, r.token_ids) for p, r in zip(prompt_ids, plain.runs, strict=True)]
+    auxes = [text_aux(target, contract, [*p, *g]) for p, g in texts] if args.dynamic else []
     rows = []
     for t in trees:
         shape = (t.num_steps, t.topk, t.num_draft_tokens)
-        rows.append({"num_steps": t.num_steps, "topk": t.topk, "num_draft_tokens": t.num_draft_tokens,
-                     "predicted_tau": predict_tau(evaluation, t), "measured_tau": measured.get(shape)})  # fmt: skip
+        row = {"num_steps": t.num_steps, "topk": t.topk, "num_draft_tokens": t.num_draft_tokens,
+               "predicted_tau": predict_tau(evaluation, t), "measured_tau": measured.get(shape)}  # fmt: skip
+        if args.dynamic:
+            t1 = time.perf_counter()
+            replay = replay_on_texts(draft, t, texts, auxes, vocab_size=target.vocab_size,
+                                     num_layers=target.num_layers)  # fmt: skip
+            row |= {"dynamic_tau": replay.tau, "dynamic_seconds": round(time.perf_counter() - t1, 1),
+                    "dynamic_per_position_acceptance": replay.per_position_acceptance(t.num_steps)}  # fmt: skip
+        rows.append(row)
     out = {"bench": str(args.bench), "draft": str(args.draft), "prompts": bench["prompts"],
            "num_prompts": bench["num_prompts"], "generated_tokens": plain.new_tokens, "dtype": args.dtype,
            "device": args.device, "evaluation_seconds": round(seconds, 1), "rows": rows}  # fmt: skip
@@ -95,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{bench['prompts']} ({bench['num_prompts']} prompts, {plain.new_tokens} tokens), evaluated in {seconds:.1f} s"
     )
-    print(f"{'tree':<12} {'predicted':>9} {'measured':>9}")
+    print(f"{'tree':<12} {'static':>7} {'dynamic':>8} {'measured':>9}")
     for r in rows:
         m = "-" if r["measured_tau"] is None else f"{r['measured_tau']:.2f}"
-        print(f"{r['num_steps']}x{r['topk']}x{r['num_draft_tokens']:<7} {r['predicted_tau']:9.2f} {m:>9}")
+        d = f"{r['dynamic_tau']:.2f}" if "dynamic_tau" in r else "-"
+        shape = f"{r['num_steps']}x{r['topk']}x{r['num_draft_tokens']}"
+        print(f"{shape:<12} {r['predicted_tau']:7.2f} {d:>8} {m:>9}")
     return 0
 
 

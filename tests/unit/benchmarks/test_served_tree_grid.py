@@ -45,7 +45,7 @@ def bench_run(tmp_path_factory) -> dict[str, Path]:
 
 def grid(files: dict[str, Path], bench: Path, out: Path) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, str(SCRIPT), "--target", str(files["target"]), "--draft", str(files["draft"]),
-            "--bench", str(bench), "--trees", "2,1,3", "3,2,5", "3,2,4", "--out", str(out)]  # fmt: skip
+            "--bench", str(bench), "--trees", "2,1,3", "3,2,5", "3,2,4", "--dynamic", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, check=False)
 
@@ -63,6 +63,12 @@ def test_the_bench_settings_are_predicted_as_the_bench_predicted_them(bench_run,
         assert rows[shape]["predicted_tau"] == pytest.approx(served[shape]["served_predicted_tau"], rel=1e-9)
         assert rows[shape]["measured_tau"] == served[shape]["measured_tau"]
     assert rows[(3, 2, 4)]["measured_tau"] is None and rows[(3, 2, 4)]["predicted_tau"] >= 1.0
+    # the dynamic replay decodes the bench's own text: the chain's rounds are the bench's, except
+    # that the replay's last round per prompt accepts nothing past the text (tests/unit/bench/test_text_replay.py)
+    for shape, r in rows.items():
+        assert 1.0 <= r["dynamic_tau"] <= shape[0] + 1
+    chain = bench["methods"]["eagle-chain"]
+    assert rows[(2, 1, 3)]["dynamic_tau"] <= chain["tau"] + 1e-9
 
 
 def test_a_bench_of_other_prompts_is_refused(bench_run, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -16,9 +16,13 @@ generated text (horizon = the tokens generated):
   replay itself: `tests/unit/train/test_replay_matches_engine.py`).
 * held-out prediction vs served prediction: distribution alone, both being the same replay.
 
-Trees: the engine's tree is dynamic (reranked per round by draft scores); the replay replays the
-static tree `prediction.tree_for_spec` builds from this evaluation (the held-out prediction's
-approximation), so a tree's served prediction is an approximation even in float32; the report says so.
+Trees: the engine's tree is dynamic (reranked per round by the draft's scores), and on a greedy
+text the verification of any tree is known in advance, so a tree's prediction decodes the served
+text with the engine's own drafter over `bench.text_replay.TextRunner` (the text's verdicts and the
+target's teacher-forced aux states): the dynamic tree itself, no static approximation. In float32
+it equals the engine's rounds too (the CPU test below); on the H200's MT-bench text it came within
+1% where the static tree of `prediction.tree_for_spec` (which the held-out prediction still uses)
+was 6-8% low (BENCHMARKS.md 2p).
 
 The cut at the end of the text (`rounds_within_text`, the rule of the replay test): the engine's last
 round may verify drafts past max_new_tokens (or past eos); the record has no labels there, so the
@@ -39,10 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eaglewire.bench.prediction import PredictionRow, tree_for_spec
+from eaglewire.bench.prediction import PredictionRow
 from eaglewire.bench.results import MethodResult, PromptRun
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.errors import ConfigError, EaglewireError
+from eaglewire.errors import EaglewireError
 
 if TYPE_CHECKING:
     from eaglewire.contract.contract import Contract
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 
 BATCH_TOKENS = 8192  # tokens per evaluation forward (rows of the longest record, packed)
 CHAIN_METHOD = "replay, chain"
-TREE_METHOD = "replay, static tree approximating the dynamic tree (prediction.tree_for_spec): not exact"
+TREE_METHOD = "replay of the dynamic tree: the engine's drafter over the served text (bench.text_replay)"
 
 
 def rounds_within_text(
@@ -161,10 +165,10 @@ class ServedPrediction:
     predicted: RoundStats | None  # the replay over prompt + generated tokens
     heldout_predicted_tau: float | None = None  # the held-out prediction, where the bench made one
     prediction_method: str = ""  # CHAIN_METHOD | TREE_METHOD
-    tree: tuple[tuple[int, ...], ...] = ()  # the static tree replayed (trees only), rank paths
     prompts: int = 0
     generated_tokens: int = 0
-    seconds: float = 0.0  # the evaluation's wall time (shared by settings that served the same text)
+    seconds: float = 0.0  # the evaluation's wall time (shared by settings that served the same text), plus
+    # a tree's own replay
     note: str = ""  # why a prediction is missing, or what it approximates
 
     @property
@@ -209,7 +213,6 @@ class ServedPrediction:
             "served_predicted_tokens": None if p is None else p.tokens,
             "rounds_match": self.exact,
             "prediction_method": self.prediction_method,
-            "tree": [list(n) for n in self.tree],
             "prompts": self.prompts,
             "generated_tokens": self.generated_tokens,
             "seconds": self.seconds,
@@ -239,16 +242,24 @@ def _heldout_tau(rows: Sequence[PredictionRow], spec: SpecArgs) -> float | None:
     return next((r.predicted_tau for r in rows if r.setting == setting), None)
 
 
-def _predict(result: EvalResult, spec: SpecArgs) -> tuple[RoundStats, str, tuple[tuple[int, ...], ...]]:
-    nodes: tuple[tuple[int, ...], ...] = ()
-    if spec.is_chain:
-        replay, method = result.replay_chain(spec.num_steps), CHAIN_METHOD
-    else:
-        nodes = tuple(tree_for_spec(result, spec))
-        replay, method = result.replay_tree(nodes), TREE_METHOD
+def _predict_chain(result: EvalResult, spec: SpecArgs) -> RoundStats:
+    replay = result.replay_chain(spec.num_steps)
     per_position = list(replay.per_position_acceptance)
-    per_position += [0.0] * (spec.num_steps - len(per_position))  # depths the static tree lacks
-    return RoundStats(replay.rounds, replay.tokens, per_position), method, nodes
+    per_position += [0.0] * (spec.num_steps - len(per_position))
+    return RoundStats(replay.rounds, replay.tokens, per_position)
+
+
+def _predict_tree(
+    inputs: ServedInputs, runs: Sequence[PromptRun], spec: SpecArgs, auxes: list[torch.Tensor]
+) -> RoundStats:
+    """The engine's dynamic tree decoding the served text (`bench.text_replay`): its rounds as
+    `measured_within_text` counts the engine's (the replay accepts nothing past the text)."""
+    from eaglewire.bench.text_replay import replay_on_texts
+
+    texts = [(p, r.token_ids) for p, r in zip(inputs.prompt_ids, runs, strict=True)]
+    replay = replay_on_texts(inputs.draft, spec, texts, auxes, vocab_size=inputs.target.vocab_size,
+                             num_layers=inputs.target.num_layers)  # fmt: skip
+    return RoundStats.from_accepted(replay.accepted_per_round, spec.num_steps)
 
 
 def served_predictions(inputs: ServedInputs) -> list[ServedPrediction]:
@@ -276,31 +287,43 @@ def served_predictions(inputs: ServedInputs) -> list[ServedPrediction]:
             for m, s in specs.items()
         }
         start = time.perf_counter()
+        chains = [m for m, sp in specs.items() if sp.is_chain]
         try:
-            records = served_records(inputs.prompt_ids, runs)
-            steps = max(s.num_steps for s in specs.values())
-            evaluation = evaluate_served(
-                inputs.target, inputs.draft, inputs.contract, records, num_steps=steps
-            )
+            evaluation = None
+            if chains:
+                records = served_records(inputs.prompt_ids, runs)
+                steps = max(specs[m].num_steps for m in chains)
+                evaluation = evaluate_served(
+                    inputs.target, inputs.draft, inputs.contract, records, num_steps=steps
+                )
+            auxes = []
+            if len(chains) < len(specs):
+                from eaglewire.bench.text_replay import text_aux
+
+                auxes = [text_aux(inputs.target, inputs.contract, [*p, *r.token_ids])
+                         for p, r in zip(inputs.prompt_ids, runs, strict=True)]  # fmt: skip
         except (EaglewireError, torch.OutOfMemoryError) as e:
             why = f"served prediction failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.warning("%s (%s)", why, ", ".join(methods))
             rows.update({m: replace(base[m], note=why) for m in methods})
             continue
-        seconds = time.perf_counter() - start
+        shared = time.perf_counter() - start
         for m, spec in specs.items():
+            t0 = time.perf_counter()
             try:
-                predicted, how, nodes = _predict(evaluation, spec)
-            except ConfigError as e:
-                rows[m] = replace(base[m], note=str(e).splitlines()[0], seconds=seconds)
+                if spec.is_chain:
+                    assert evaluation is not None
+                    predicted, how = _predict_chain(evaluation, spec), CHAIN_METHOD
+                else:
+                    predicted, how = _predict_tree(inputs, runs, spec, auxes), TREE_METHOD
+            except (EaglewireError, torch.OutOfMemoryError) as e:
+                rows[m] = replace(base[m], note=str(e).splitlines()[0], seconds=shared)
                 continue
-            note = "" if spec.is_chain else "tree: replayed as a static tree, an approximation"
-            row = replace(
-                base[m], predicted=predicted, prediction_method=how, tree=nodes, seconds=seconds, note=note
-            )
+            row = replace(base[m], predicted=predicted, prediction_method=how,
+                          seconds=shared + time.perf_counter() - t0)  # fmt: skip
             rows[m] = row
-            log.info("%s: tau measured in text %s, predicted on the served text %s (%d records, %.1f s)",
-                     m, row.measured_tau_in_text, row.predicted_tau, len(records), seconds)  # fmt: skip
+            log.info("%s: tau measured in text %s, predicted on the served text %s (%d prompts, %.1f s)",
+                     m, row.measured_tau_in_text, row.predicted_tau, len(runs), row.seconds)  # fmt: skip
     return [rows[m] for m in inputs.settings]
 
 

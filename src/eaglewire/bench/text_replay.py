@@ -32,23 +32,33 @@ from eaglewire.target.loading import LoadedTarget
 
 
 class TextRunner:
-    """A batch-1 `TargetRunner` over one known greedy text: text ids [T] and aux [T, A*Ht]."""
+    """A batch-1 `TargetRunner` over a known greedy text (`set_text`: ids [T], aux [T, A*Ht]); one
+    runner serves many texts, so one decoder (and its drafter's captured graphs) replays them all."""
 
     def __init__(
-        self, text_ids: torch.Tensor, aux: torch.Tensor, *, vocab_size: int, num_layers: int, max_seq_len: int
+        self, *, vocab_size: int, num_layers: int, device: torch.device, dtype: torch.dtype, max_seq_len: int
     ) -> None:
+        self.vocab_size = vocab_size
+        self.num_layers = num_layers
+        self.device = device
+        self.dtype = dtype
+        self.max_seq_len = max_seq_len  # what the drafter sizes its cache by: the longest text and a tree
+        self.text = torch.zeros(0, dtype=torch.long, device=device)  # [T]
+        self.aux = torch.zeros(0, 0, dtype=dtype, device=device)  # [T, A*Ht]
+        self._length = 0
+
+    def set_text(self, text_ids: torch.Tensor, aux: torch.Tensor) -> None:
+        """The text the next generation follows, and the target's aux states over it."""
         if aux.shape[0] != text_ids.shape[0]:
             raise ValueError(
                 expected_actual("aux rows (one per text token)", text_ids.shape[0], aux.shape[0])
             )
-        self.text = text_ids.long()  # [T]
-        self.aux = aux  # [T, A*Ht]
-        self.vocab_size = vocab_size
-        self.num_layers = num_layers
-        self.device = aux.device
-        self.dtype = aux.dtype
-        self.max_seq_len = max_seq_len  # what the drafter sizes its cache by: the text and one tree
-        self._length = 0
+        if text_ids.shape[0] > self.max_seq_len:
+            raise ConfigError(
+                expected_actual("text tokens at most max_seq_len", self.max_seq_len, text_ids.shape[0])
+            )
+        self.text = text_ids.long().to(self.device)
+        self.aux = aux.to(self.device, self.dtype)
 
     def reset(self, batch_size: int) -> None:
         if batch_size != 1:
@@ -68,14 +78,13 @@ class TextRunner:
         N, T = ids.shape[0], self.text.shape[0]
         inside = pos < T
         spelled = inside & (ids == self.text[pos.clamp(max=T - 1)])  # [N] this node's token is the text's
-        sees = (
-            torch.ones(N, N, dtype=torch.bool).tril() if tree_mask is None else tree_mask[0].to(self.device)
-        )
+        causal = torch.ones(N, N, dtype=torch.bool, device=self.device).tril()
+        sees = causal if tree_mask is None else tree_mask[0].to(self.device)  # [N, N] ancestors and self
         on_text = ~(sees & ~spelled[None, :]).any(dim=1)  # [N] it and every ancestor spell the text
-        logits = torch.zeros(N, self.vocab_size)  # [N, V]
+        logits = torch.zeros(N, self.vocab_size, device=self.device)  # [N, V]
         speaks = on_text & (pos + 1 < T)  # nodes whose next text token exists
         logits[speaks.nonzero()[:, 0], self.text[pos[speaks] + 1]] = 1.0
-        aux = torch.zeros(N, self.aux.shape[1], dtype=self.dtype)  # [N, A*Ht]
+        aux = torch.zeros(N, self.aux.shape[1], dtype=self.dtype, device=self.device)  # [N, A*Ht]
         aux[on_text] = self.aux[pos[on_text]]
         return TargetForward(logits[None], aux[None])
 
@@ -125,14 +134,18 @@ def replay_on_texts(
     runs past `max_new_tokens` replays that round exactly too."""
     from eaglewire.engine.api import SpeculativeDecoder
 
+    if not texts:
+        raise ConfigError("replay_on_texts: no texts")
+    longest = max(len(p) + len(g) for p, g in texts)
+    runner = TextRunner(vocab_size=vocab_size, num_layers=num_layers, device=auxes[0].device, dtype=auxes[0].dtype,
+                        max_seq_len=longest + spec.num_draft_tokens + 1)  # fmt: skip
+    decoder = SpeculativeDecoder(runner, draft, spec)
     rounds = tokens = 0
     accepted: list[int] = []
     for (prompt, generated), aux in zip(texts, auxes, strict=True):
-        text = torch.tensor([*prompt, *generated], dtype=torch.long)
-        room = len(text) + spec.num_draft_tokens + 1
-        runner = TextRunner(text, aux, vocab_size=vocab_size, num_layers=num_layers, max_seq_len=room)
+        runner.set_text(torch.tensor([*prompt, *generated], dtype=torch.long), aux)
         n = len(generated) if max_new_tokens is None else min(max_new_tokens, len(generated))
-        result = SpeculativeDecoder(runner, draft, spec).generate(list(prompt), max_new_tokens=n)
+        result = decoder.generate(list(prompt), max_new_tokens=n)
         if result.token_ids != list(generated[:n]):
             raise ConfigError(
                 "the replayed text left the generated text: the text was not greedy, or its ids moved"

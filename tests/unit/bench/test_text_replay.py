@@ -56,11 +56,13 @@ def test_the_replay_finds_the_engines_rounds(setup, spec: SpecArgs) -> None:  # 
 def test_aux_rows_that_do_not_match_the_text_and_batches_are_refused(setup) -> None:  # type: ignore[no-untyped-def]
     tiny, _, texts = setup
     prompt, generated = texts[0]
-    aux = text_aux(tiny.target, tiny.contract, [*prompt, *generated])
+    ids = torch.tensor([*prompt, *generated])
+    aux = text_aux(tiny.target, tiny.contract, ids.tolist())
+    runner = TextRunner(vocab_size=tiny.target.vocab_size, num_layers=NUM_LAYERS, device=aux.device,
+                        dtype=aux.dtype, max_seq_len=len(ids))  # fmt: skip
     with pytest.raises(ValueError, match="aux rows"):
-        TextRunner(torch.tensor([*prompt, *generated]), aux[:-1], vocab_size=tiny.target.vocab_size,
-                   num_layers=NUM_LAYERS, max_seq_len=128)  # fmt: skip
-    runner = TextRunner(torch.tensor([*prompt, *generated]), aux, vocab_size=tiny.target.vocab_size,
-                        num_layers=NUM_LAYERS, max_seq_len=128)  # fmt: skip
+        runner.set_text(ids, aux[:-1])
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        runner.set_text(torch.cat([ids, ids[:1]]), torch.cat([aux, aux[:1]]))
     with pytest.raises(ConfigError, match="one text"):
         runner.reset(2)

@@ -4,10 +4,10 @@ A sweep measures each tree shape on a GPU; this predicts many shapes on any mach
 run that has already happened: its plain method's generated tokens (the target's greedy text, which
 every lossless setting serves too) become records, one evaluation of the draft over them runs
 (`eaglewire.bench.served.evaluate_served`), and each shape is replayed on it as the static tree
-`prediction.tree_for_spec` builds (the served prediction of `eaglewire bench`; 6-8% below the
-H200's measured dynamic trees, BENCHMARKS.md 2p). With `--dynamic` each shape is also decoded by
-the engine's own drafter over the text (`bench.text_replay`: the real dynamic tree, no target
-forward per round), which a CPU test finds round for round equal to the engine's. The bench's own
+`prediction.tree_for_spec` builds (cheap, but 5-7% below the H200's measured dynamic trees,
+BENCHMARKS.md 2p). With `--dynamic` each shape is also decoded by the engine's own drafter over the
+text (`bench.text_replay`, what `eaglewire bench` now reports as a tree's served prediction: the real
+dynamic tree, no target forward per round; within 1-2% of the H200's measurement). The bench's own
 measured trees are printed beside the predictions.
 
     python benchmarks/served_tree_grid.py --draft DRAFT --bench RUN/decode/mt-bench-all/bench.json \

@@ -21,7 +21,7 @@ text the verification of any tree is known in advance, so a tree's prediction de
 text with the engine's own drafter over `bench.text_replay.TextRunner` (the text's verdicts and the
 target's teacher-forced aux states): the dynamic tree itself, no static approximation. In float32
 it equals the engine's rounds too (the CPU test below); on the H200's MT-bench text it came within
-1% where the static tree of `prediction.tree_for_spec` (which the held-out prediction still uses)
+1-2% where the static tree of `prediction.tree_for_spec` (which the held-out prediction still uses)
 was 6-8% low (BENCHMARKS.md 2p).
 
 The cut at the end of the text (`rounds_within_text`, the rule of the replay test): the engine's last

@@ -9,10 +9,12 @@ so the engine's own `SpeculativeDecoder` and `Drafter` run their real dynamic tr
 the draft's scores every round) with no target forward per round. Off-text nodes are never
 accepted, so their logits and aux are never read: they are zeros.
 
-Against the static-tree replay (`bench.served`, 6-8% below the H200's measured trees, BENCHMARKS.md
-2p) this predicts every round the engine runs; in float32 a CPU test finds the engine's own
-rounds (`tests/unit/bench/test_text_replay.py`). What remains is numerics: the text and aux here
-come from a float32 forward, the served text from the engine's (bf16 on a GPU).
+The static tree of `prediction.tree_for_spec` was 5-7% below the H200's measured trees on MT-bench;
+this replays every round the engine runs and came within 1-2% (BENCHMARKS.md 2p). In float32 a CPU
+test finds the engine's own rounds exactly (`tests/unit/bench/test_text_replay.py`). What remains
+is numerics (the aux here come from one teacher-forced forward, the engine's from its verification
+forwards, bf16 on a GPU) and the last round of a text that ends where decoding stopped.
+`bench.served` predicts every tree setting's tau with it.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@
 #   quickstart_data  the quickstart's first two stages alone (--stop-after data; `quickstart` resumes)
 #   levers      benchmarks/draft_levers.py: fresh drafts of LEVERS_STEPS steps each on the quickstart's
 #               data, one per training lever (LEVERS_ARGS: its --variant flags), scored by the replay
+#   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
+#               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist (a cut sweep
 # measures only the settings its sweep.partial.json lacks), the quickstart skips its finished
@@ -283,6 +285,16 @@ do_levers() {
   return "${PIPESTATUS[0]}"
 }
 
+do_draft_unpack() {
+  local parts="$SMOL/draft_parts" out="$runs/carried/draft"
+  [ -f "$out/config.json" ] && { say "carried draft already rebuilt: $out"; return 0; }
+  compgen -G "$parts/draft_part*.safetensors" > /dev/null \
+    || { say "no $parts/draft_part*.safetensors: run carry_draft.sh first (carry .carry)"; return 1; }
+  "$PY" benchmarks/h200/draft_parts.py unpack --parts "$parts" --target "$target" --out "$out" 2>&1 \
+    | tail -n 5 | tee "$results/draft_unpack.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 do_export() {
   local d fmt rc=0
   d=$(draft_dir) || { say "no trained draft: export skipped"; return 1; }
@@ -302,7 +314,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | train_profile | quickstart | quickstart_data | levers | label_ab | sweep | export | gpu_tests)
+    draft_speed | capture | loop_profile | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | sweep | export | gpu_tests)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

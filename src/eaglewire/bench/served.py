@@ -302,7 +302,7 @@ def served_predictions(inputs: ServedInputs) -> list[ServedPrediction]:
 
                 auxes = [text_aux(inputs.target, inputs.contract, [*p, *r.token_ids])
                          for p, r in zip(inputs.prompt_ids, runs, strict=True)]  # fmt: skip
-        except (EaglewireError, torch.OutOfMemoryError) as e:
+        except (EaglewireError, RuntimeError) as e:  # torch's errors (OOM, CUDA) are RuntimeErrors
             why = f"served prediction failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.warning("%s (%s)", why, ", ".join(methods))
             rows.update({m: replace(base[m], note=why) for m in methods})
@@ -316,8 +316,11 @@ def served_predictions(inputs: ServedInputs) -> list[ServedPrediction]:
                     predicted, how = _predict_chain(evaluation, spec), CHAIN_METHOD
                 else:
                     predicted, how = _predict_tree(inputs, runs, spec, auxes), TREE_METHOD
-            except (EaglewireError, torch.OutOfMemoryError) as e:
-                rows[m] = replace(base[m], note=str(e).splitlines()[0], seconds=shared)
+            except (EaglewireError, RuntimeError) as e:  # torch's errors (OOM, CUDA) are RuntimeErrors
+                # A prediction is a check beside the measurement: its failure must not lose the sweep.
+                log.warning("%s: served prediction failed: %s: %s", m, type(e).__name__, e)
+                rows[m] = replace(base[m], note=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                  seconds=shared)  # fmt: skip
                 continue
             row = replace(base[m], predicted=predicted, prediction_method=how,
                           seconds=shared + time.perf_counter() - t0)  # fmt: skip

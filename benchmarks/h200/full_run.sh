@@ -277,11 +277,12 @@ do_levers() {
     sizes=(--chain 2 --tree 2,2,3 --horizon 16 --set batch_size=2 max_length=256 ttt_steps=2 compile=false)
     variants=${LEVERS_ARGS:-"--variant base --variant decay1 step_weight_decay=1.0"}
   fi
+  # Unbuffered into the log (no tail): run 17's screen sat 16 minutes in one variant and the log showed nothing.
   # shellcheck disable=SC2086 # variants: flags, word-split on purpose
   timeout "${LEVERS_TIMEOUT_S:-1200}" "$PY" benchmarks/draft_levers.py --target "$target" --run "$qs" \
     --preset "$preset" --steps "${LEVERS_STEPS:-$([ "$TINY" = 1 ] && echo 3 || echo 1500)}" "${sizes[@]}" \
-    $variants --work "$runs/levers" --out "$results/draft_levers.json" 2>&1 | grep -v "Loading weights" \
-    | tail -n 20 | tee "$results/draft_levers.txt"
+    $variants --work "$runs/levers" --out "$results/draft_levers.json" 2>&1 \
+    | grep --line-buffered -v "Loading weights" | tee "$results/draft_levers.txt"
   return "${PIPESTATUS[0]}"
 }
 

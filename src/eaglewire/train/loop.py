@@ -125,11 +125,15 @@ class Trainer:
             )  # with any resume-mutable field the caller changed
         self.weights = config.step_weights()
         self.lengths = record_lengths(data)
-        self.plans = [
-            plan_groups(self.lengths, config, epoch=e, world_size=ctx.world_size)
-            for e in range(config.epochs)
-        ]
-        total = sum(len(p) for p in self.plans)
+        # Epochs are planned only as far as max_steps reaches: a step-bounded run with epochs=10_000
+        # would otherwise order and pack every record 10,000 times before its first step.
+        self.plans = []
+        total = 0
+        for e in range(config.epochs):
+            if config.max_steps and total >= config.max_steps:
+                break
+            self.plans.append(plan_groups(self.lengths, config, epoch=e, world_size=ctx.world_size))
+            total += len(self.plans[-1])
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         if self.total_steps == 0:
             raise ConfigError(
@@ -365,7 +369,7 @@ class Trainer:
         prepared: StepInputs | None = None  # the current step's inputs, prepared during the last step
         started = perf_counter()
         try:
-            while self.step < self.total_steps and self.epoch < cfg.epochs:
+            while self.step < self.total_steps and self.epoch < len(self.plans):
                 self._clock(started)
                 if cfg.max_seconds and self.elapsed >= cfg.max_seconds:
                     log.info(

@@ -396,3 +396,42 @@ def test_compiled_draft_forward_trains_the_same_weights(
         torch.testing.assert_close(weights[True][name], eager, rtol=1e-4, atol=1e-5, msg=name)
     with pytest.raises(ConfigError, match="compile=True with parallel='fsdp'"):
         replace(cfg, compile=True, parallel="fsdp")
+
+
+def test_a_step_bounded_run_plans_only_the_epochs_it_reaches(
+    tiny_target, tiny_contract, captured_records, tmp_path
+):
+    """max_steps with epochs=10_000 (benchmarks/draft_levers.py) plans the epochs max_steps reaches,
+    not 10,000 (the quickstart's 25,867 records take 0.16 s an epoch to plan on the CI's CPU: 26
+    minutes before step one; H200 run 17 lost its lever screen to it), and trains the weights that
+    the run with just those epochs trains."""
+    bounded = replace(FAST, epochs=10_000, max_steps=5)  # 16 packed records make 2 steps an epoch
+    draft = init_draft(tiny_target, tiny_contract, seed=0)
+    trainer = Trainer(
+        bounded,
+        draft,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, draft),
+        out_dir=tmp_path / "bounded",
+        eval_data=None,
+        resume=False,
+        ctx=init_distributed("cpu"),
+    )
+    per_epoch = len(trainer.plans[0])
+    assert len(trainer.plans) == -(-bounded.max_steps // per_epoch) < bounded.epochs
+    assert trainer.total_steps == bounded.max_steps
+    res = trainer.run(stop_after_steps=None, progress=False)
+    exact = init_draft(tiny_target, tiny_contract, seed=0)
+    res_exact = train(
+        replace(bounded, epochs=len(trainer.plans)),
+        exact,
+        tiny_contract,
+        captured_records,
+        offline(tiny_target, tiny_contract, exact),
+        out_dir=tmp_path / "exact",
+        progress=False,
+    )
+    assert res.optimizer_steps == res_exact.optimizer_steps == bounded.max_steps
+    for (name, a), b in zip(draft.state_dict().items(), exact.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -6,7 +6,8 @@ This script screens the levers that are left, each a fresh draft from the same q
 (`RUN/data/train`, `RUN/data/eval`, `RUN/data/vocab`), the preset's recipe and seed, trained for
 `--steps` optimizer steps, and scored by the held-out replay of what the benchmark serves (each
 record's first answer, its first `--horizon` tokens; the quickstart's own tau prediction, within
-0.5-7% of the measured tau on the H200 runs):
+0.5-7% of the measured tau on the H200 runs; the tree decoded by the engine's drafter over those
+answers, `bench.heldout_trees`, each row's `tau_tree_method` says so):
 
     python benchmarks/draft_levers.py --run RUN --steps 1500 --out levers.json \
         --variant base --variant decay1 step_weight_decay=1.0 --variant lr2x learning_rate=1e-3 \
@@ -27,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eaglewire.bench.prediction import evaluate_predictor, predict_tau
+from eaglewire.bench.heldout_trees import evaluate_predictor
+from eaglewire.bench.prediction import predict_setting
 from eaglewire.cli.common import run_script
 from eaglewire.data.vocab import load_draft_vocab
 from eaglewire.engine.spec_args import SpecArgs
@@ -100,15 +102,18 @@ def replay_scores(
     ttt_steps: int, max_records: int = 0, device: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Held-out replay of the served text (first answers up to the decode horizon): the predicted
-    tau of a `chain` and of `tree`, and accuracy per step. benchmarks/label_ab.py scores with it too."""
+    tau of a `chain` (the evaluation's replay) and of `tree` (the engine's dynamic tree decoded over
+    the answers: `tau_tree_method`), and accuracy per step. benchmarks/label_ab.py scores with it too."""
     predictor = evaluate_predictor(
         draft_dir, target, eval_dir, num_steps=max(chain, ttt_steps, tree.num_steps), max_records=max_records,
         device=device, horizon=horizon, answer=FIRST_ANSWER,
     )  # fmt: skip
     summary = predictor.summary()
+    tree_prediction = predict_setting(predictor, tree)
     return {
         "tau_chain": predictor.tau_chain(chain),
-        "tau_tree": predict_tau(predictor, tree),
+        "tau_tree": tree_prediction.tau,
+        "tau_tree_method": tree_prediction.method,
         "acc": summary["acc"],
         "cond_acc": summary["cond_acc"],
     }

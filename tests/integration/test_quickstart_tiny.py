@@ -22,6 +22,9 @@ def _assert_heldout_predictions(run_dir, decode, predicted_tau_chain):
     chain, tree = rows[(1, 4)], rows[(2, 4)]  # the tiny preset: a chain of 3, a tree of 4 nodes, topk 2
     assert chain["predicted_tau"] == pytest.approx(predicted_tau_chain, rel=1e-6)
     assert tree["predicted_tau"] >= 1.0 and not tree["note"], tree
+    # chains by the evaluation's replay; the tree decoded by the engine's drafter over the answers
+    assert (chain["prediction_method"], tree["prediction_method"]) == ("replay", "dynamic_tree_replay")
+    assert decode["eagle-tree"]["heldout_prediction_method"] == "dynamic_tree_replay"
     served = {r["method"]: r for r in bench["served_predictions"]}
     assert served["eagle-chain"]["heldout_predicted_tau"] == chain["predicted_tau"]
     assert served["eagle-tree"]["heldout_predicted_tau"] == tree["predicted_tau"]

@@ -7,18 +7,23 @@ rounds. The older **position-averaged** formula (1 + the mean accepted drafts ov
 is reported beside it (`position_averaged_tau`): rounds start right after a rejected draft and
 draft errors cluster, so it overestimates the engine's tau (15-47% measured on an H200).
 
-* an `EvalResult` (in process; `evaluate_predictor` runs the evaluation on a held-out dataset)
-  replays chains and trees;
+* an `EvalResult` (in process; `bench.heldout_trees.evaluate_predictor` runs the evaluation on a
+  held-out dataset, and wraps it to decode dynamic trees too) replays chains and trees;
 * a JSON summary (`eaglewire eval --json`, or any report with "cond_acc"): chains only, the replay
   when it carries "predicted_tau_chain" (written by evaluations that kept per-position ranks), the
   position-averaged formula from "cond_acc" otherwise (the training loop's own evaluation keeps no
   ranks, so `train_summary.json` gives that one; the row's `prediction_method` says which).
 
 Trees: the engine's tree is dynamic (SGLang's num_steps/topk/num_draft_tokens, reranked per round
-by draft scores); it is approximated by the static tree `tree_for_spec` builds the same way from
-the evaluation's position-averaged node probabilities: depth-1 ranks 0..topk-1, each further depth
-the topk children of the best topk nodes, then the best num_draft_tokens - 1 nodes overall. That
-static tree is then replayed.
+by draft scores). With the draft, the target and the held-out records in process
+(`bench.heldout_trees.evaluate_predictor`: a `HeldoutTreePredictor`) it is decoded as the engine
+decodes it, by the engine's own drafter over every held-out answer (`bench.text_replay`; method
+DYNAMIC_TREE_METHOD). Otherwise (a bare `EvalResult`) it is approximated by the static tree
+`tree_for_spec` builds the same way from the evaluation's position-averaged node probabilities:
+depth-1 ranks 0..topk-1, each further depth the topk children of the best topk nodes, then the best
+num_draft_tokens - 1 nodes overall, replayed (method "static_tree_replay"; 5-8% below the H200's
+measured trees). A tree's position-averaged value is always the formula over that static tree.
+Each row's `prediction_method` says which method gave its predicted tau.
 
 error = measured - predicted (positive: the engine accepts more than predicted); relative error
 = error / predicted. A large error for every setting points at a serving/training mismatch (the
@@ -29,16 +34,21 @@ approximation (ground-truth vs accepted tokens, static vs dynamic tree).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.errors import ConfigError, DataFormatError
+from eaglewire.errors import ConfigError, DataFormatError, EaglewireError
+
+log = logging.getLogger(__name__)
 
 Node = tuple[int, ...]  # a path of draft ranks from the root, e.g. (0, 1)
+# `prediction_method` of a tree decoded by the engine's drafter over the held-out answers
+DYNAMIC_TREE_METHOD = "dynamic_tree_replay"
 
 
 class TauPredictor(Protocol):
@@ -57,6 +67,18 @@ class TauPredictor(Protocol):
     def position_averaged_tau_chain(self, k: int) -> float: ...
 
     def position_averaged_tau_tree(self, tree: Sequence[Sequence[int]]) -> float: ...
+
+
+@runtime_checkable
+class DynamicTreePredictor(Protocol):
+    """A predictor that decodes an engine setting's dynamic tree itself (`bench.heldout_trees`)."""
+
+    def tau_dynamic_tree(self, spec: SpecArgs) -> float: ...
+
+
+def static_tree_method(predictor: TauPredictor) -> str:
+    """`prediction_method` of a tree approximated by `tree_for_spec`'s static tree."""
+    return f"static_tree_{predictor.prediction_method}"
 
 
 @dataclass(frozen=True)
@@ -147,38 +169,6 @@ def find_summary_predictor(draft_dir: Path) -> SummaryPredictor | None:
     return None
 
 
-def evaluate_predictor(
-    draft_dir: Path,
-    target: str,
-    data_dir: Path,
-    *,
-    num_steps: int,
-    max_records: int = 0,
-    device: str | None = None,
-    target_dtype: str | None = None,
-    horizon: int | None = None,
-    answer: int | None = None,
-) -> TauPredictor:
-    """Run the trainer's offline evaluation (`eaglewire.train.run.run_eval`) on a held-out tokenized
-    dataset or shard directory: an `EvalResult`, which predicts chains and trees. `horizon`: replay
-    only the first that many tokens of each response (the benchmark's max_new_tokens); `answer`:
-    only each record's answer-th response (1: first answers; None: all, `EvalResult.answer`)."""
-    from dataclasses import replace
-
-    from eaglewire.train.run import run_eval
-
-    result = run_eval(
-        draft_dir=Path(draft_dir),
-        target=target,
-        data_dir=Path(data_dir),
-        num_steps=num_steps,
-        max_records=max_records,
-        device=device,
-        target_dtype=target_dtype,
-    )
-    return replace(result, horizon=horizon, answer=answer)
-
-
 def _node_probability(predictor: TauPredictor, node: Node) -> float:
     """Position-averaged P(node accepted) = tau(all prefixes of node) - tau(all prefixes of its parent)
     (the marginal over positions, which the draft's own scores rank by; replay has no per-node form)."""
@@ -207,19 +197,33 @@ def tree_for_spec(predictor: TauPredictor, spec: SpecArgs) -> list[Node]:
     return sorted(chosen, key=lambda c: (len(c), c))
 
 
-def predict_taus(predictor: TauPredictor, spec: SpecArgs) -> tuple[float, float]:
-    """(predicted tau, position-averaged tau) for `spec`: a chain for topk=1, the static tree
-    approximating the dynamic one otherwise (the same tree for both)."""
+@dataclass(frozen=True)
+class SettingPrediction:
+    """One engine setting's predicted tau, its position-averaged value and the method of the first."""
+
+    tau: float
+    position_averaged_tau: float
+    method: str  # the predictor's for a chain; DYNAMIC_TREE_METHOD or `static_tree_method` for a tree
+
+
+def predict_setting(predictor: TauPredictor, spec: SpecArgs) -> SettingPrediction:
+    """`spec`'s prediction: a chain for topk=1; for a tree the engine's dynamic tree where the
+    predictor decodes it (`DynamicTreePredictor`), else the static tree approximating it. The
+    position-averaged value of a tree is the formula over the static tree either way."""
     if spec.is_chain:
         k = spec.num_steps
-        return float(predictor.tau_chain(k)), float(predictor.position_averaged_tau_chain(k))
+        return SettingPrediction(float(predictor.tau_chain(k)), float(predictor.position_averaged_tau_chain(k)),
+                                 predictor.prediction_method)  # fmt: skip
     tree = tree_for_spec(predictor, spec)
-    return float(predictor.tau_tree(tree)), float(predictor.position_averaged_tau_tree(tree))
+    averaged = float(predictor.position_averaged_tau_tree(tree))
+    if isinstance(predictor, DynamicTreePredictor):
+        return SettingPrediction(float(predictor.tau_dynamic_tree(spec)), averaged, DYNAMIC_TREE_METHOD)
+    return SettingPrediction(float(predictor.tau_tree(tree)), averaged, static_tree_method(predictor))
 
 
 def predict_tau(predictor: TauPredictor, spec: SpecArgs) -> float:
-    """Predicted tau for `spec` (the default: replay; see the module docstring)."""
-    return predict_taus(predictor, spec)[0]
+    """Predicted tau for `spec` (see `predict_setting` and the module docstring)."""
+    return predict_setting(predictor, spec).tau
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,7 @@ class PredictionRow:
     measured_tau: float | None
     note: str = ""  # why a prediction is missing
     position_averaged_tau: float | None = None  # the older formula, for comparison
-    prediction_method: str = ""  # "replay" | "position_averaged": what predicted_tau is
+    prediction_method: str = ""  # what predicted_tau is: `SettingPrediction.method`
 
     @property
     def error(self) -> float | None:
@@ -260,10 +264,16 @@ def prediction_rows(
             rows.append(PredictionRow(setting, None, tau, "no offline evaluation given"))
             continue
         try:
-            predicted, averaged = predict_taus(predictor, spec)
-            rows.append(PredictionRow(setting, predicted, tau, "", averaged, predictor.prediction_method))
-        except ConfigError as e:
-            rows.append(PredictionRow(setting, None, tau, str(e).splitlines()[0]))
+            p = predict_setting(predictor, spec)
+        except (EaglewireError, RuntimeError) as e:  # torch's errors (OOM, CUDA) are RuntimeErrors
+            # A prediction is a check beside the measurement: its failure must not lose the bench.
+            if not isinstance(e, ConfigError):
+                log.warning("%s: held-out prediction failed: %s: %s", setting, type(e).__name__, e)
+            rows.append(
+                PredictionRow(setting, None, tau, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            )
+            continue
+        rows.append(PredictionRow(setting, p.tau, tau, "", p.position_averaged_tau, p.method))
     return rows
 
 
@@ -285,8 +295,8 @@ def prediction_summary(rows: Sequence[PredictionRow]) -> dict[str, Any]:
 def prediction_markdown(rows: Sequence[PredictionRow]) -> str:
     lines = [
         "| num_steps | topk | num_draft_tokens | predicted tau | measured tau | error | relative "
-        "| position-averaged tau |",
-        "|---|---|---|---|---|---|---|---|",
+        "| position-averaged tau | method |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r.setting
@@ -298,9 +308,10 @@ def prediction_markdown(rows: Sequence[PredictionRow]) -> str:
         pred = f(r.predicted_tau) if r.predicted_tau is not None else f"- ({r.note})"
         lines.append(
             f"| {s['num_steps']} | {s['topk']} | {s['num_draft_tokens']} | {pred} | {f(r.measured_tau)} | "
-            f"{f(r.error, '+.2f')} | {rel} | {f(r.position_averaged_tau)} |"
+            f"{f(r.error, '+.2f')} | {rel} | {f(r.position_averaged_tau)} | {r.prediction_method or '-'} |"
         )
     methods = sorted({r.prediction_method for r in rows if r.prediction_method})
     if methods:
-        lines += ["", f"predicted tau: {' / '.join(methods)} (see eaglewire.bench.prediction)"]
+        lines += ["", f"method: how predicted tau was computed ({', '.join(methods)}; see eaglewire.bench.prediction); "
+                  "a tree's position-averaged tau is the formula over the static tree"]  # fmt: skip
     return "\n".join(lines)

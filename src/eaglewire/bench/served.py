@@ -21,8 +21,8 @@ text the verification of any tree is known in advance, so a tree's prediction de
 text with the engine's own drafter over `bench.text_replay.TextRunner` (the text's verdicts and the
 target's teacher-forced aux states): the dynamic tree itself, no static approximation. In float32
 it equals the engine's rounds too (the CPU test below); on the H200's MT-bench text it came within
-1-2% where the static tree of `prediction.tree_for_spec` (which the held-out prediction still uses)
-was 6-8% low (BENCHMARKS.md 2p).
+1-2% where the static tree of `prediction.tree_for_spec` was 6-8% low (BENCHMARKS.md 2p). The
+held-out prediction decodes trees the same way over the held-out answers (`bench.heldout_trees`).
 
 The cut at the end of the text (`rounds_within_text`, the rule of the replay test): the engine's last
 round may verify drafts past max_new_tokens (or past eos); the record has no labels there, so the
@@ -170,6 +170,7 @@ class ServedPrediction:
     seconds: float = 0.0  # the evaluation's wall time (shared by settings that served the same text), plus
     # a tree's own replay
     note: str = ""  # why a prediction is missing, or what it approximates
+    heldout_prediction_method: str = ""  # the held-out prediction's `PredictionRow.prediction_method`
 
     @property
     def measured_tau_in_text(self) -> float | None:
@@ -205,6 +206,7 @@ class ServedPrediction:
             "error": self.error,
             "relative_error": self.relative_error,
             "heldout_predicted_tau": self.heldout_predicted_tau,
+            "heldout_prediction_method": self.heldout_prediction_method,
             "measured_per_position_acceptance": [] if m is None else m.per_position_acceptance,
             "served_predicted_per_position_acceptance": [] if p is None else p.per_position_acceptance,
             "measured_rounds": None if m is None else m.rounds,
@@ -237,9 +239,13 @@ def float32_draft(draft: Eagle3Draft) -> Eagle3Draft:
     return copy.deepcopy(draft).float().eval().requires_grad_(False)
 
 
-def _heldout_tau(rows: Sequence[PredictionRow], spec: SpecArgs) -> float | None:
+def _heldout(rows: Sequence[PredictionRow], spec: SpecArgs) -> dict[str, Any]:
+    """The held-out prediction of `spec`'s setting as ServedPrediction fields (none where not made)."""
     setting = {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens}
-    return next((r.predicted_tau for r in rows if r.setting == setting), None)
+    row = next((r for r in rows if r.setting == setting), None)
+    if row is None:
+        return {}
+    return {"heldout_predicted_tau": row.predicted_tau, "heldout_prediction_method": row.prediction_method}
 
 
 def _predict_chain(result: EvalResult, spec: SpecArgs) -> RoundStats:
@@ -280,7 +286,7 @@ def served_predictions(inputs: ServedInputs) -> list[ServedPrediction]:
                 inputs.settings[m][1].tau,
                 measured_within_text(inputs.settings[m][1].runs, s.num_steps),
                 None,
-                heldout_predicted_tau=_heldout_tau(inputs.heldout, s),
+                **_heldout(inputs.heldout, s),
                 prompts=len(runs),
                 generated_tokens=sum(len(r.token_ids) for r in runs),
             )
@@ -374,8 +380,8 @@ def served_markdown(rows: Sequence[ServedPrediction]) -> str:
         "setting = num_steps/topk/num_draft_tokens. Predicted: `evaluate_draft` replayed over each prompt + the "
         "token ids the engine generated; measured in text: the engine's rounds cut at the end of the generated "
         "text, as the replay must be (measured tau counts the last round whole); error = measured in text - "
-        "predicted. Against the held-out prediction the difference is distribution; against measured, "
-        "numerics (see eaglewire.bench.served).",
+        "predicted. Against the held-out prediction (its method per setting in the offline prediction table) "
+        "the difference is distribution; against measured, numerics (see eaglewire.bench.served).",
     ]
     if any(r.setting["topk"] != 1 and r.predicted is not None for r in rows):
         lines.append(f"Trees: {TREE_METHOD}.")

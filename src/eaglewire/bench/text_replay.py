@@ -14,7 +14,8 @@ this replays every round the engine runs and came within 1-2% (BENCHMARKS.md 2p)
 test finds the engine's own rounds exactly (`tests/unit/bench/test_text_replay.py`). What remains
 is numerics (the aux here come from one teacher-forced forward, the engine's from its verification
 forwards, bf16 on a GPU) and the last round of a text that ends where decoding stopped.
-`bench.served` predicts every tree setting's tau with it.
+`bench.served` predicts every tree setting's tau with it on the served text, `bench.heldout_trees`
+on the held-out answers.
 """
 
 from __future__ import annotations

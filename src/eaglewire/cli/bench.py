@@ -137,7 +137,8 @@ def bench(
 
     Example: eaglewire bench --target smollm2 --draft runs/draft --prompts mt-bench --out bench-out
     """
-    from eaglewire.bench.prediction import evaluate_predictor, find_summary_predictor, load_summary_predictor
+    from eaglewire.bench.heldout_trees import evaluate_predictor
+    from eaglewire.bench.prediction import find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
     from eaglewire.target.loading import load_target
 
@@ -146,23 +147,23 @@ def bench(
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     command = command_line(ctx)
     prompt_set = load_prompt_set(prompts, num_prompts or None)
+    if eval_data is not None and draft is None:
+        raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
+    if eval_answer < 0:
+        raise ConfigError(
+            f"--eval-answer: expected 0 (every answer) or an answer number >= 1, got {eval_answer}"
+        )
+    loaded = load_target(target, dtype=dtype, device=device)  # once: the bench and the held-out prediction
     predictor: TauPredictor | None = None
     if eval_data is not None:
-        if draft is None:
-            raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
-        if eval_answer < 0:
-            raise ConfigError(
-                f"--eval-answer: expected 0 (every answer) or an answer number >= 1, got {eval_answer}"
-            )
         steps = max(_ints(sweep_num_steps, "--sweep-num-steps")) if sweep else max(chain_steps, num_steps)
+        # chains by the evaluation's replay, trees decoded by the engine's drafter over the held-out answers
         predictor = evaluate_predictor(
             draft,
-            target,
+            loaded,
             eval_data,
             num_steps=steps,
             max_records=eval_max_records,
-            device=device,
-            target_dtype=dtype,
             horizon=max_new_tokens,
             answer=eval_answer or None,
         )
@@ -170,7 +171,6 @@ def bench(
         predictor = load_summary_predictor(eval_report)
     elif draft is not None:
         predictor = find_summary_predictor(draft)
-    loaded = load_target(target, dtype=dtype, device=device)
 
     if sweep:
         from eaglewire.bench.sweep import SweepConfig

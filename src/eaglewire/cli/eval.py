@@ -5,18 +5,28 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, print_json, print_table, resolve_device
 
+if TYPE_CHECKING:
+    from eaglewire.engine.spec_args import SpecArgs
+    from eaglewire.target.loading import LoadedTarget
+    from eaglewire.train.evaluate import EvalResult
+
 TREE_HELP = (
-    "also predict tau for a tree: 'TOPKxDEPTH' (full tree, e.g. 2x3) or a JSON file listing nodes as "
-    "rank paths, e.g. [[0],[1],[0,0]]"
+    "also predict tau for a tree: 'NUM_STEPS,TOPK,NUM_DRAFT_TOKENS' (the engine's dynamic tree of those "
+    "SGLang settings, e.g. 8,8,128, decoded by the engine's drafter over the held-out answers), "
+    "'TOPKxDEPTH' (a static full tree, e.g. 2x3) or a JSON file listing static nodes as rank paths, "
+    "e.g. [[0],[1],[0,0]]"
 )
 
 
-def _parse_tree(text: str) -> list[tuple[int, ...]]:
+def _parse_tree(text: str) -> list[tuple[int, ...]] | SpecArgs:
+    """Static nodes (a JSON file or TOPKxDEPTH), or the engine setting NUM_STEPS,TOPK,NUM_DRAFT_TOKENS."""
+    from eaglewire.engine.spec_args import SpecArgs
     from eaglewire.errors import ConfigError
     from eaglewire.train.replay import full_tree
 
@@ -29,9 +39,18 @@ def _parse_tree(text: str) -> list[tuple[int, ...]]:
         if not isinstance(nodes, list) or not all(isinstance(n, list) for n in nodes):
             raise ConfigError(f"--tree {path}: expected a JSON list of rank paths like [[0],[1],[0,0]]")
         return [tuple(int(r) for r in n) for n in nodes]
+    setting = text.split(",")
+    if len(setting) == 3 and all(p.strip().isdigit() for p in setting):
+        spec = SpecArgs(*(int(p) for p in setting))
+        if spec.is_chain:
+            raise ConfigError(f"--tree {text}: topk=1 is a chain", fix="predict chains with --num-steps")
+        return spec
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise typer.BadParameter(f"--tree: expected TOPKxDEPTH like 2x3 or a JSON file, got {text!r}")
+        raise typer.BadParameter(
+            f"--tree: expected NUM_STEPS,TOPK,NUM_DRAFT_TOKENS like 8,8,128, TOPKxDEPTH like 2x3 or a JSON file, "
+            f"got {text!r}"
+        )
     return full_tree(int(parts[0]), int(parts[1]))
 
 
@@ -57,10 +76,26 @@ def eval_command(
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Per-step accuracy (unconditional and given all earlier steps right) and predicted tau."""
+    from eaglewire.engine.spec_args import SpecArgs
     from eaglewire.train.run import run_eval
 
-    nodes = _parse_tree(tree) if tree else None
-    depth = max((len(n) for n in nodes), default=0) if nodes else 0
+    if horizon < 0:
+        raise typer.BadParameter(f"--horizon: expected >= 0 tokens, got {horizon}")
+    shape = _parse_tree(tree) if tree else None
+    setting = shape if isinstance(shape, SpecArgs) else None
+    nodes = shape if isinstance(shape, list) and shape else None
+    depth = setting.num_steps if setting is not None else max((len(n) for n in nodes or []), default=0)
+    dev = resolve_device(device)
+    loaded = None
+    if setting is not None:  # its answers are decoded over the full target: loaded once, for both
+        import torch
+
+        from eaglewire.target.loading import load_target
+        from eaglewire.train.run import default_target_dtype
+
+        loaded = load_target(
+            target, dtype=target_dtype or default_target_dtype(torch.device(dev)), device=dev
+        )
     result = run_eval(
         draft_dir=draft,
         target=target,
@@ -69,11 +104,10 @@ def eval_command(
         batch_size=batch_size,
         max_length=max_length,
         max_records=max_records,
-        device=resolve_device(device),
+        device=dev,
         target_dtype=target_dtype,
+        loaded=loaded,
     )
-    if horizon < 0:
-        raise typer.BadParameter(f"--horizon: expected >= 0 tokens, got {horizon}")
     if horizon:
         result = replace(result, horizon=horizon)
     summary = result.summary()
@@ -82,8 +116,7 @@ def eval_command(
         **summary,
         "num_steps": num_steps,
         "tau_pred_chain": {k: result.tau_chain(k) for k in range(1, num_steps + 1)},
-        "tau_pred_tree": result.tau_tree(nodes) if nodes else None,
-        "tree_nodes": len(nodes) if nodes else None,
+        **_tree_report(result, setting, nodes, loaded, draft, data, max_records),
     }
     if json_out:
         print_json(report)
@@ -107,10 +140,42 @@ def eval_command(
             ["answer", "tau_pred", "rounds"],
             [[t, f"{r.tau:.3f}", r.rounds] for t, r in by_turn.items()],
         )
+    if report["tau_pred_tree"] is not None:
+        skipped = report.get("tree_answers_skipped")
+        row = [
+            report["tree_nodes"],
+            depth,
+            f"{report['tau_pred_tree']:.3f}",
+            report["tree_prediction_method"],
+        ]
+        print_table("tree", ["nodes", "depth", "tau_pred", "method"], [row],
+                    caption=f"answers skipped: {skipped}" if skipped else None)  # fmt: skip
+
+
+def _tree_report(
+    result: EvalResult, setting: SpecArgs | None, nodes: list[tuple[int, ...]] | None,
+    loaded: LoadedTarget | None, draft: Path, data: Path, max_records: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The tree's predicted tau and how it was predicted: an engine setting's dynamic tree decoded over
+    the held-out answers (`bench.heldout_trees`), or a static tree replayed by the evaluation."""
+    from eaglewire.bench.prediction import DYNAMIC_TREE_METHOD, static_tree_method
+
+    if setting is not None:
+        from eaglewire.bench.heldout_trees import heldout_tree_predictor
+
+        assert loaded is not None  # eval_command loads the target for a setting
+        predictor = heldout_tree_predictor(result, loaded, draft, data, max_records=max_records)
+        tau = predictor.tau_dynamic_tree(setting)
+        held = predictor.texts()
+        return {"tau_pred_tree": tau, "tree_prediction_method": DYNAMIC_TREE_METHOD,
+                "tree_setting": {"num_steps": setting.num_steps, "topk": setting.topk,
+                                 "num_draft_tokens": setting.num_draft_tokens},
+                "tree_nodes": setting.num_draft_tokens - 1,
+                "tree_answers_replayed": len(held.texts), "tree_answers_skipped": held.skipped}  # fmt: skip
     if nodes:
-        print_table(
-            "tree", ["nodes", "depth", "tau_pred"], [[len(nodes), depth, f"{report['tau_pred_tree']:.3f}"]]
-        )
+        return {"tau_pred_tree": result.tau_tree(nodes), "tree_prediction_method": static_tree_method(result),
+                "tree_nodes": len(nodes)}  # fmt: skip
+    return {"tau_pred_tree": None, "tree_nodes": None}
 
 
 def register(app: typer.Typer) -> None:

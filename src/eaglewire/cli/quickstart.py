@@ -66,6 +66,9 @@ def show_summary(summary: dict[str, Any]) -> None:
         "are nearly tied, the dtype's rounding, or where plain's own decode drifted from the target's "
         "forward; NO: the target clearly prefers plain's token there, a bug in this method)",
     )
+    # how the tree's held-out tau was predicted (`bench.prediction`); older run directories say nothing
+    how = summary.get("heldout_prediction_method", {}).get("eagle-tree")
+    tree_method = f", {how}" if how else ""
     print_table(
         "quickstart: stages",
         ["stage", "seconds"],
@@ -79,7 +82,7 @@ def show_summary(summary: dict[str, Any]) -> None:
             ],
             # older run directories (resumed) have no tree prediction: "-"
             [
-                "predicted tau (tree, held-out first answers)",
+                f"predicted tau (tree, held-out first answers{tree_method})",
                 _fmt(summary.get("heldout_predicted_tau", {}).get("eagle-tree")),
             ],
             ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],

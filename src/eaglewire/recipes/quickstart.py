@@ -134,10 +134,11 @@ def stage_train(run: QuickstartRun) -> dict[str, Any]:
     }
 
 
-def evaluate_heldout(run: QuickstartRun, draft_dir: Path) -> EvalResult:
+def evaluate_heldout(run: QuickstartRun, draft_dir: Path, loaded: Any) -> EvalResult:
     """The trainer's offline evaluation of the draft on the held-out eval data (whole responses):
     what the eval stage reports and, cut to first answers at the decode horizon (`as_benchmark`),
-    what the decode stage's held-out prediction replays. Deep enough for the chain, the tree and the trained steps."""
+    what the decode stage's held-out prediction replays. Deep enough for the chain, the tree and the
+    trained steps. `loaded`: the run's target (loaded once for every stage)."""
     from eaglewire.train.run import run_eval
 
     p = run.preset
@@ -149,6 +150,7 @@ def evaluate_heldout(run: QuickstartRun, draft_dir: Path) -> EvalResult:
         max_length=p.max_length,
         device=p.device,
         target_dtype=p.target_dtype,
+        loaded=loaded,
     )
 
 
@@ -168,12 +170,12 @@ def as_benchmark(run: QuickstartRun, result: EvalResult) -> EvalResult:
 
 
 def stage_eval(
-    run: QuickstartRun, draft_dir: Path, *, keep: Callable[[EvalResult], None] | None = None
+    run: QuickstartRun, draft_dir: Path, loaded: Any, *, keep: Callable[[EvalResult], None] | None = None
 ) -> dict[str, Any]:
     """Evaluate the draft on the held-out data; `keep` gets the result as the decode stage serves
     (`as_benchmark`: its held-out predictor, so that a run evaluates once)."""
     p = run.preset
-    result = evaluate_heldout(run, draft_dir)
+    result = evaluate_heldout(run, draft_dir, loaded)
     summary = result.summary()
     at_decode = at_decode_horizon(run, result)
     benchmark = as_benchmark(run, result)
@@ -269,7 +271,7 @@ def _run_stages(run: QuickstartRun) -> dict[str, Any]:
     trained = run.stage("train", lambda: stage_train(run))
     draft_dir = Path(trained["draft_dir"])
     kept: list[EvalResult] = []  # the eval stage's `as_benchmark` result, if it runs in this process
-    evaluated = run.stage("eval", lambda: stage_eval(run, draft_dir, keep=kept.append))
+    evaluated = run.stage("eval", lambda: stage_eval(run, draft_dir, loaded, keep=kept.append))
     decoded = run.stage(
         "decode", lambda: stage_decode(run, loaded, draft_dir, heldout=next(iter(kept), None))
     )
@@ -281,6 +283,7 @@ def _run_stages(run: QuickstartRun) -> dict[str, Any]:
         "predicted_tau_chain": evaluated.get("predicted_tau_chain"),  # held-out records
         "predicted_tau_chain_first_answers": evaluated.get("predicted_tau_chain_first_answers"),
         "heldout_predicted_tau": heldout_tau(decoded),  # per speculative method, at the decode horizon
+        "heldout_prediction_method": heldout_tau(decoded, "heldout_prediction_method"),
         "served_predicted_tau_chain": served_tau_chain(decoded),  # per prompt set, on the text it served
         "decode": decoded,
         "doctor_ok": all(v["ok"] for v in doctored.values()),

@@ -24,12 +24,15 @@ def stage_decode(
     run: QuickstartRun, loaded: Any, draft_dir: Path, *, heldout: EvalResult | None = None
 ) -> dict[str, Any]:
     """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts, with
-    the held-out prediction of each speculative setting beside its measured tau. `heldout`: the eval
-    stage's result as the decode stage serves (`as_benchmark`) when that stage ran in this process;
-    None evaluates here (a resumed run whose eval stage finished earlier)."""
+    the held-out prediction of each speculative setting beside its measured tau (chains by the
+    evaluation's replay, trees decoded by the engine's drafter over the held-out first answers:
+    `bench.heldout_trees`). `heldout`: the eval stage's result as the decode stage serves
+    (`as_benchmark`) when that stage ran in this process; None evaluates here (a resumed run whose
+    eval stage finished earlier)."""
     from eaglewire.bench.baselines import HF_METHODS
     from eaglewire.bench.engine_adapter import load_engine
     from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
+    from eaglewire.bench.heldout_trees import heldout_tree_predictor
     from eaglewire.bench.prompts import load_prompt_set
     from eaglewire.recipes.quickstart import as_benchmark, evaluate_heldout  # it imports this module
 
@@ -37,7 +40,9 @@ def stage_decode(
     out: dict[str, Any] = {}
     if heldout is None:
         log.info("held-out prediction: evaluating the draft on the held-out data (eval stage ran earlier)")
-        heldout = as_benchmark(run, evaluate_heldout(run, draft_dir))
+        heldout = as_benchmark(run, evaluate_heldout(run, draft_dir, loaded))
+    # the records the evaluation ran on (evaluate_heldout: all of them), the same target
+    predictor = heldout_tree_predictor(heldout, loaded, draft_dir, run.path("data", "eval"))
     runs = decode_runs(p)
     prompt_sets = {r.name: load_prompt_set(r.prompt_set, r.num_prompts) for r in runs}
     # one engine for every prompt set: each decoder compiles and captures its graphs once
@@ -60,7 +65,7 @@ def stage_decode(
             warmup=1,
             repeats=p.timing_repeats,
         )
-        report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine, predictor=heldout)
+        report = run_benchmark(loaded, draft_dir, prompts, cfg, engine=engine, predictor=predictor)
         report.write(run.path("decode", name))
         served = {row.method: row for row in report.served_predictions}
         out[name] = {
@@ -127,6 +132,7 @@ def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict
         return {}
     return {
         "heldout_predicted_tau": row.predicted_tau,
+        "heldout_prediction_method": row.prediction_method,
         "heldout_relative_error": row.relative_error,
         "heldout_prediction_note": row.note,
     }
@@ -154,12 +160,12 @@ def served_tau_chain(decoded: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def heldout_tau(decoded: dict[str, Any]) -> dict[str, float | None]:
+def heldout_tau(decoded: dict[str, Any], key: str = "heldout_predicted_tau") -> dict[str, Any]:
     """Per speculative method: its tau predicted on the held-out data at the decode horizon (the same
-    for every prompt set; None where not made)."""
-    out: dict[str, float | None] = {}
+    for every prompt set; None where not made); key="heldout_prediction_method": how it was predicted."""
+    out: dict[str, Any] = {}
     for methods in decoded.values():
         for method, r in methods.items():
-            if "heldout_predicted_tau" in r and out.get(method) is None:
-                out[method] = r["heldout_predicted_tau"]
+            if key in r and out.get(method) is None:
+                out[method] = r[key]
     return out

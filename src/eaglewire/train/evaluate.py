@@ -52,7 +52,8 @@ loops) and replays the record of that very text, round for round. The one round 
 whole is one whose drafts run past the end of the record's text (a decoder verifies drafts past
 its max_new_tokens; the replay has no labels there), so such a last round is cut at the text's end.
 A dynamic tree (SGLang's topk/num_steps/num_draft_tokens, reranked per round by draft scores) is
-approximated by the static tree of the same nodes; responses truncated at max_length end early.
+approximated here by the static tree of the same nodes (`eaglewire.bench.heldout_trees` decodes it
+instead, with the engine's drafter over the same responses); responses truncated at max_length end early.
 With `EvalResult.horizon` (`eaglewire eval --horizon`; the bench and the quickstart use their
 max_new_tokens) rounds start only within the first `horizon` tokens of each response, as a decoder
 stopping there: long regenerated answers often end in loops that are easy to draft.

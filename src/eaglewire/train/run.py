@@ -203,14 +203,18 @@ def run_eval(
     max_records: int = 0,
     device: str | None = None,
     target_dtype: str | None = None,
+    loaded: LoadedTarget | None = None,
 ) -> EvalResult:
-    """Offline evaluation of a saved draft on a tokenized dataset or a shard directory."""
+    """Offline evaluation of a saved draft on a tokenized dataset or a shard directory. `loaded`: the
+    target already loaded (tokenized data runs it instead of loading `target` again; shards need
+    only its head, loaded from `target`)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     draft, contract = load_draft(draft_dir, device=dev)
     data = open_data(data_dir)
     side = make_target_side(
-        data, target, contract, draft, device=dev, target_dtype=target_dtype or default_target_dtype(dev)
-    )
+        data, target, contract, draft, device=dev, target_dtype=target_dtype or default_target_dtype(dev),
+        loaded=loaded,
+    )  # fmt: skip
     return evaluate_draft(
         draft,
         contract,

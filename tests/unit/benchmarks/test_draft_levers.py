@@ -59,6 +59,7 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
     for r in rows.values():
         assert r["optimizer_steps"] == 3
         assert 1.0 <= r["tau_chain"] <= 3.0 and 1.0 <= r["tau_tree"] <= 3.0
+        assert r["tau_tree_method"] == "dynamic_tree_replay"  # the engine's drafter over the answers
         assert len(r["acc"]) >= 2
     assert rows["decay1"]["overrides"]["step_weight_decay"] == 1.0
     contract = json.loads((tmp_path / "levers" / "aux" / "draft" / "contract.json").read_text())

@@ -1,9 +1,7 @@
 """Sweep num_steps x topk x num_draft_tokens (x batch size) and record the fastest setting.
 
-Only combinations `eaglewire.engine.spec_args.SpecArgs` accepts unchanged are run (SGLang
-semantics: topk=1 means num_draft_tokens = num_steps + 1; num_draft_tokens - 1 <= topk +
-(num_steps-1)*topk^2); combinations that draft depths never verified are skipped too. Each
-skipped combination is listed with its reason.
+The grid (its defaults, and which combinations run or are skipped with a reason) is
+`bench.sweep_grid`.
 
 Batch size: eaglewire's speculative decoder is batch 1, so every speculative setting runs at
 batch 1; for larger batch sizes only plain batched decoding is measured (its throughput, for
@@ -19,10 +17,8 @@ measured, and rerunning the same sweep measures only the rest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +35,15 @@ from eaglewire.bench.served import (
     served_predictions,
     served_summary,
 )
+from eaglewire.bench.sweep_grid import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_NUM_STEPS,
+    DEFAULT_TOPK,
+    Skipped,
+    sweep_settings,
+)
 from eaglewire.bench.sweep_progress import PARTIAL_FILE, SweepKey, SweepProgress
-from eaglewire.engine.spec_args import SpecArgs, spec_args_warnings
+from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.target.loading import LoadedTarget
@@ -55,14 +58,14 @@ SPECULATIVE_MAX_BATCH = 1
 @dataclass(frozen=True)
 class SweepConfig:
     num_steps: tuple[int, ...] = help_field(
-        "SGLang --speculative-num-steps values", default=(1, 2, 3, 4, 5, 6, 7)
+        "SGLang --speculative-num-steps values", default=DEFAULT_NUM_STEPS
     )
     topk: tuple[int, ...] = help_field(
-        "SGLang --speculative-eagle-topk values (1 = chain)", default=(1, 2, 4, 8)
+        "SGLang --speculative-eagle-topk values (1 = chain)", default=DEFAULT_TOPK
     )
     num_draft_tokens: tuple[int, ...] = help_field(
         "SGLang --speculative-num-draft-tokens values (trees; chains use num_steps + 1)",
-        default=(4, 8, 16, 32),
+        default=DEFAULT_NUM_DRAFT_TOKENS,
     )
     batch_sizes: tuple[int, ...] = help_field(
         "batch sizes (speculative decoding runs at batch 1)", default=(1,)
@@ -82,51 +85,6 @@ class SweepConfig:
             values = getattr(self, name)
             if not values or any(v < 1 for v in values):
                 raise ConfigError(f"{name}: expected positive integers, got {list(values)}")
-
-
-@dataclass
-class Skipped:
-    setting: dict[str, int]
-    reason: str
-
-
-@contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def sweep_settings(
-    num_steps: Sequence[int], topk: Sequence[int], num_draft_tokens: Sequence[int]
-) -> tuple[list[SpecArgs], list[Skipped]]:
-    """Valid, distinct settings of the grid (chains once per num_steps) and the skipped ones with reasons."""
-    valid: list[SpecArgs] = []
-    skipped: list[Skipped] = []
-    for steps, k in product(sorted(set(num_steps)), sorted(set(topk))):
-        if k == 1:
-            valid.append(SpecArgs.chain(steps))
-            continue
-        for n in sorted(set(num_draft_tokens)):
-            setting = {"num_steps": steps, "topk": k, "num_draft_tokens": n}
-            try:
-                with _quiet(
-                    "eaglewire.engine.spec_args"
-                ):  # its waste warning becomes a 'skipped' reason here
-                    spec = SpecArgs(num_steps=steps, topk=k, num_draft_tokens=n)
-            except ConfigError as e:
-                skipped.append(Skipped(setting, str(e).splitlines()[0]))
-                continue
-            waste = spec_args_warnings(spec)
-            if waste:
-                skipped.append(Skipped(setting, waste[0]))
-                continue
-            valid.append(spec)
-    return valid, skipped
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from eaglewire.bench.sweep_grid import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_NUM_STEPS, DEFAULT_TOPK
 from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, parse_int_list, print_json, resolve_device
 from eaglewire.errors import ConfigError
 
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
     from eaglewire.bench.prompts import PromptSet
     from eaglewire.bench.sweep import SweepConfig
     from eaglewire.target.loading import LoadedTarget
+
+
+def _csv(values: tuple[int, ...]) -> str:
+    return ",".join(str(v) for v in values)
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -79,11 +84,13 @@ def bench(
         False, "--sweep", help="sweep num_steps x topk x num_draft_tokens instead; write best_setting.json"
     ),
     sweep_num_steps: str = typer.Option(
-        "1,2,3,4,5,6,7", "--sweep-num-steps", help="--sweep: num_steps values"
+        _csv(DEFAULT_NUM_STEPS), "--sweep-num-steps", help="--sweep: num_steps values"
     ),
-    sweep_topk: str = typer.Option("1,2,4,8", "--sweep-topk", help="--sweep: topk values (1 = chain)"),
+    sweep_topk: str = typer.Option(
+        _csv(DEFAULT_TOPK), "--sweep-topk", help="--sweep: topk values (1 = chain)"
+    ),
     sweep_num_draft_tokens: str = typer.Option(
-        "4,8,16,32", "--sweep-num-draft-tokens", help="--sweep: tree sizes"
+        _csv(DEFAULT_NUM_DRAFT_TOKENS), "--sweep-num-draft-tokens", help="--sweep: tree sizes"
     ),
     batch_sizes: str = typer.Option(
         "1", "--batch-sizes", help="--sweep: batch sizes (speculative runs at batch 1)"

@@ -151,3 +151,22 @@ def test_a_rerun_of_a_different_sweep_names_what_differs(  # type: ignore[no-unt
     assert (tmp_path / PARTIAL_FILE).exists()  # nothing already measured is lost
     fresh = run_sweep(tiny_target, draft_dir, two_prompts, longer, progress_dir=tmp_path, resume=False)
     assert fresh.meta["resumed_settings"] == []
+
+
+def test_the_default_grid_holds_the_presets_settings_and_the_cli_uses_it():
+    """`eaglewire bench --sweep` with no grid flags sweeps SweepConfig's defaults, and they include the
+    GPU preset's chain and tree (a default sweep can find what the quickstart serves)."""
+    import inspect
+
+    from eaglewire.cli.bench import bench
+    from eaglewire.recipes.presets import PRESETS
+
+    cfg = SweepConfig()
+    valid, _ = sweep_settings(cfg.num_steps, cfg.topk, cfg.num_draft_tokens)
+    gpu = PRESETS["gpu"]
+    assert SpecArgs.chain(gpu.chain_steps) in valid
+    assert SpecArgs(gpu.tree_num_steps, gpu.tree_topk, gpu.tree_num_draft_tokens) in valid
+    params = inspect.signature(bench).parameters
+    for name, values in (("sweep_num_steps", cfg.num_steps), ("sweep_topk", cfg.topk),
+                         ("sweep_num_draft_tokens", cfg.num_draft_tokens)):  # fmt: skip
+        assert params[name].default.default == ",".join(map(str, values)), name

@@ -49,7 +49,7 @@ from eaglewire.train.batches import (
     Row,
     check_resumed_plan,
     epoch_plan_sha256,
-    plan_groups,
+    plan_epochs,
     record_lengths,
 )
 from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
@@ -125,15 +125,8 @@ class Trainer:
             )  # with any resume-mutable field the caller changed
         self.weights = config.step_weights()
         self.lengths = record_lengths(data)
-        # Epochs are planned only as far as max_steps reaches: a step-bounded run with epochs=10_000
-        # would otherwise order and pack every record 10,000 times before its first step.
-        self.plans = []
-        total = 0
-        for e in range(config.epochs):
-            if config.max_steps and total >= config.max_steps:
-                break
-            self.plans.append(plan_groups(self.lengths, config, epoch=e, world_size=ctx.world_size))
-            total += len(self.plans[-1])
+        self.plans = plan_epochs(self.lengths, config, world_size=ctx.world_size)
+        total = sum(len(p) for p in self.plans)
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         if self.total_steps == 0:
             raise ConfigError(

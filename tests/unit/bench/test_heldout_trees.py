@@ -34,21 +34,20 @@ from eaglewire.bench.prediction import (
     prediction_rows,
     tree_for_spec,
 )
-from eaglewire.bench.prompts import BenchPrompt, PromptSet, encode_prompt
+from eaglewire.bench.prompts import PromptSet
 from eaglewire.bench.report import BenchReport
 from eaglewire.cli import app
 from eaglewire.contract.contract import Contract
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.types import TokenizedRecord
-from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
-from eaglewire.target.identity import build_contract, tokenizer_hash
+from eaglewire.target.identity import tokenizer_hash
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.train.evaluate import FIRST_ANSWER
-from tests.helpers.tiny import CORPUS, make_tiny_target, save_tiny_target
-from tests.unit.engine.conftest import Tiny, plain_greedy, train_draft
+from tests.helpers.tiny import save_tiny_target
+from tests.unit.bench.conftest import served_tiny
 
 HORIZON = 30  # the bench's max_new_tokens, the held-out horizon
 ANSWER_TOKENS = 40  # greedy tokens per held-out answer: past HORIZON + the tree's depth
@@ -83,14 +82,12 @@ def _record(record_id: str, parts: list[tuple[list[int], bool]]) -> TokenizedRec
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    target = make_tiny_target("llama", num_layers=4)
-    contract = build_contract(target, (1, 2, 3))
-    prompts = PromptSet("tiny", tuple(BenchPrompt(f"p{i}", (("user", t),)) for i, t in enumerate(CORPUS[:3])))
-    ids = [encode_prompt(target.tokenizer, p) for p in prompts.prompts]
-    greedy = [plain_greedy(target.model, p, ANSWER_TOKENS) for p in ids]
+    tiny = served_tiny(ANSWER_TOKENS)
+    target, contract, prompts, ids, greedy, draft = (
+        tiny.target, tiny.contract, tiny.prompts, tiny.ids, tiny.greedy, tiny.draft
+    )  # fmt: skip
     # the engine stops at eos: a greedy answer holding one would not be what the bench decodes
     assert not set(target.eos_token_ids) & {t for g in greedy for t in g}
-    draft = train_draft(Tiny(target, contract, init_draft(target, contract), ids, greedy))
     root = tmp_path_factory.mktemp("heldout")
     draft_dir = save_draft(draft, contract, root / "draft")
     gen = torch.Generator().manual_seed(0)

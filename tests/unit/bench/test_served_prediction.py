@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from eaglewire.bench.harness import BenchConfig, run_benchmark
-from eaglewire.bench.prompts import BenchPrompt, PromptSet, encode_prompt
 from eaglewire.bench.report import BenchReport
 from eaglewire.bench.served import (
     CHAIN_METHOD,
@@ -26,11 +25,8 @@ from eaglewire.bench.served import (
     served_markdown,
     served_summary,
 )
-from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
-from eaglewire.target.identity import build_contract
-from tests.helpers.tiny import CORPUS, make_tiny_target
-from tests.unit.engine.conftest import Tiny, plain_greedy, train_draft
+from tests.unit.bench.conftest import served_tiny
 
 TRAIN_TOKENS = 40  # greedy tokens after each prompt the draft is trained on
 NEW_TOKENS = 35  # max_new_tokens: a last round verifies drafts past it (checked below)
@@ -39,13 +35,9 @@ CHAIN = 4
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> BenchReport:
-    target = make_tiny_target("llama", num_layers=4)
-    contract = build_contract(target, (1, 2, 3))
-    prompts = PromptSet("tiny", tuple(BenchPrompt(f"p{i}", (("user", t),)) for i, t in enumerate(CORPUS[:3])))
-    ids = [encode_prompt(target.tokenizer, p) for p in prompts.prompts]
-    greedy = [plain_greedy(target.model, p, TRAIN_TOKENS) for p in ids]
-    draft = train_draft(Tiny(target, contract, init_draft(target, contract), ids, greedy))
-    draft_dir = save_draft(draft, contract, tmp_path_factory.mktemp("served") / "draft")
+    tiny = served_tiny(TRAIN_TOKENS)
+    target, prompts = tiny.target, tiny.prompts
+    draft_dir = save_draft(tiny.draft, tiny.contract, tmp_path_factory.mktemp("served") / "draft")
     cfg = BenchConfig(max_new_tokens=NEW_TOKENS, methods=("plain", "eagle-chain", "eagle-tree"), chain_steps=CHAIN,
                       tree_num_steps=3, tree_topk=2, tree_num_draft_tokens=6, warmup=0, repeats=1)  # fmt: skip
     return run_benchmark(target, draft_dir, prompts, cfg)

@@ -1,8 +1,11 @@
-"""The EAGLE-2 beam's bookkeeping (every candidate of a round, the frontier fed next) and a top-k
-that suits the draft's vocabulary on a GPU. Device tensors only: nothing here reads the host."""
+"""The EAGLE-2 beam's bookkeeping (every candidate of a round, the frontier fed next), a top-k
+with log-probabilities that suits the draft's vocabulary on a GPU, and a sort-free stable top-k
+for the beam's few hundred candidates. Device tensors only: nothing here reads the host."""
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +32,52 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     candidates = (chunks.indices + offsets).view(R, -1)  # [R, C*k] indices into V
     best = chunks.values.view(R, -1).topk(k, dim=-1)  # [R, k] over the candidates
     return best.values, candidates.gather(-1, best.indices)
+
+
+TopKLogProbs = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def top_k_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, V] -> (ids [R, k], log-probabilities [R, k] float32) of each row's k most likely
+    entries, largest first: `top_k` and a logsumexp (`top_k_log_probs_for` picks the fused kernels
+    where they run)."""
+    logits = logits.float()
+    values, ids = top_k(logits, k)
+    return ids, values - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def top_k_log_probs_for(device: torch.device, *, fused: bool | None = None) -> TopKLogProbs:
+    """The `top_k_log_probs` to run on `device`, chosen once, outside compiled code (an import or a
+    lookup inside a traced function breaks its graph).
+
+    fused: None = two Triton kernels on CUDA when Triton is there (`engine.top_k_cuda`; equal
+    values by lower id), else the torch ops; True/False force one (the GPU tests compare them)."""
+    if fused is None:
+        fused = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    if not fused:
+        return top_k_log_probs
+    from eaglewire.engine.top_k_cuda import fused_top_k_log_probs
+
+    return fused_top_k_log_probs
+
+
+def stable_ranks(scores: torch.Tensor) -> torch.Tensor:
+    """scores [C] -> [C] int64: each entry's place in a stable descending sort (equal scores keep
+    their order). All pairs are compared at once: for the few hundred candidates of a round that
+    is one fused kernel on a GPU, where a sort is a radix sort of several (and torch.compile
+    cannot fuse it)."""
+    C = scores.shape[0]
+    order = torch.arange(C, device=scores.device)
+    higher = scores[None, :] > scores[:, None]  # [C, C]: [i, j] = j outranks i
+    earlier_tie = (scores[None, :] == scores[:, None]) & (order[None, :] < order[:, None])
+    return (higher | earlier_tie).sum(dim=1)
+
+
+def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """scores [C] -> [k] indices of the k best, best first, equal scores in index order (as
+    `torch.sort(scores, descending=True, stable=True).indices[:k]`)."""
+    places = torch.arange(k, device=scores.device)
+    return (stable_ranks(scores)[None, :] == places[:, None]).int().argmax(dim=1)  # [k]
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import cast
 import torch
 
 from eaglewire.draft.model import DraftOutput, Eagle3Draft
-from eaglewire.engine.beam import CandidatePool, Frontier, top_k
+from eaglewire.engine.beam import CandidatePool, Frontier, top_indices, top_k_log_probs_for
 from eaglewire.engine.draft_cache import INITIAL_CACHE_ROWS, DraftCache
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
@@ -82,6 +82,9 @@ class Drafter:
         self.device = next(draft.parameters()).device
         self.dtype = next(draft.parameters()).dtype
         self.vocab_size = draft.config.vocab_size
+        # two Triton kernels per draft step on CUDA instead of ~10 (engine.top_k_cuda); chosen here,
+        # outside the compiled round
+        self._top_k_log_probs = top_k_log_probs_for(self.device)
         self.draft_to_target = cast(torch.Tensor, draft.draft_to_target)  # [Vd] absolute target ids
         self.tree_rows = spec.topk * (spec.num_steps - 1)  # provisional rows one round writes
         capacity = INITIAL_CACHE_ROWS if max_seq_len is None else max_seq_len + self.tree_rows
@@ -413,7 +416,7 @@ class Drafter:
             tokens = self.draft_to_target[ids].flatten()  # [K*K]
             row = self._beam_rows  # [K*K] frontier row of each child
             index = pool.add(tokens, scores, frontier.index[row], depth=depth + 1, q=q)
-            best = torch.sort(scores, descending=True, stable=True).indices[:K]  # the next beam
+            best = top_indices(scores, K)  # the next beam
             frontier = Frontier(
                 index=index[best],
                 scores=scores[best],
@@ -470,10 +473,10 @@ class Drafter:
         Top-k by draft probability, except a sampled chain, which draws its one child from the
         processed draft distribution and returns that distribution (in target ids) as q.
         """
-        logits = logits.float()
         if not (self.spec.is_chain and not sampling.greedy):
-            values, ids = top_k(logits, self.spec.topk)
-            return ids, values - torch.logsumexp(logits, dim=-1, keepdim=True), None
+            ids, logp = self._top_k_log_probs(logits, self.spec.topk)
+            return ids, logp, None
+        logits = logits.float()
         logp = torch.log_softmax(logits, dim=-1)
         probs = probs_from_logits(logits, sampling)  # [R, Vd]
         ids = torch.multinomial(probs, 1, generator=generator)  # [R, 1]

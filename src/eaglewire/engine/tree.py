@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eaglewire.engine.beam import stable_ranks
 from eaglewire.errors import expected_actual
 
 
@@ -152,12 +153,15 @@ def select_nodes(
     (kept [n] candidate indices in creation order, node_parents [n+1] parent pointers of the
     resulting tree with the root as node 0 and kept[j] as node j + 1).
     """
-    if num_select > scores.shape[0]:
-        raise ValueError(f"num_select={num_select} exceeds the {scores.shape[0]} candidates")
-    order = torch.sort(scores, descending=True, stable=True).indices
-    kept = order[:num_select].sort().values  # creation order: parents before children
-    node_of = torch.full_like(parents, -1)  # candidate index -> node index (-1 = not kept)
-    node_of[kept] = torch.arange(1, num_select + 1, device=scores.device)
+    C = scores.shape[0]
+    if num_select > C:
+        raise ValueError(f"num_select={num_select} exceeds the {C} candidates")
+    keep = stable_ranks(scores) < num_select  # [C] (no sort: see stable_ranks)
+    node_of = torch.where(keep, keep.cumsum(0), -1)  # candidate index -> node index (-1 = not kept)
+    # kept candidates in creation order (parents before children); the others go to a spare slot
+    slot = torch.where(keep, node_of - 1, num_select)
+    kept = torch.zeros(num_select + 1, dtype=torch.long, device=scores.device)
+    kept = kept.scatter(0, slot, torch.arange(C, device=scores.device))[:num_select]
     kept_parents = parents[kept]
     from_root = kept_parents < 0
     node_parents = torch.where(from_root, torch.zeros_like(kept_parents), node_of[kept_parents.clamp(min=0)])

@@ -99,9 +99,15 @@ class DraftAttention(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # One matrix product for q, k and v: a drafting step has ~8 rows, so each product is a
+        # kernel's latency, not its bytes. Compiled, the concatenation is one copy per graph
+        # (identical in every unrolled step); the tensor names stay q/k/v_proj.
+        qkv_weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        q, k, v = F.linear(x, qkv_weight).split([q_width, kv_width, kv_width], dim=-1)
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attend(q, k, v, mask) if kv is None else kv.attend(q, k, v, mask)  # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -115,7 +121,9 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # gate and up in one product, as q/k/v in DraftAttention
+        gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DraftLayer(nn.Module):

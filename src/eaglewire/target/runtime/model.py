@@ -19,6 +19,8 @@ never repeated: q [B, Hkv, G*N, hd] against k [B, Hkv, S, hd].
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,9 +46,34 @@ class KernelChoices:
     reduction_matmul_max_bytes: int = 0
     reduction_attention_max_rows: int = 0
     sdpa_backend: str | None = None  # "efficient" | "flash" | "cudnn" | "math"; None: PyTorch picks
+    # "triton": attention over the cache as one Triton kernel (`runtime.attention_triton`, CUDA)
+    # for forwards of at most triton_attention_max_rows query rows per KV head (G*N; None: all),
+    # SDPA above; "sdpa": F.scaled_dot_product_attention on the grouped queries always; "auto":
+    # `resolve_kernel_choices` picks
+    attention: str = "auto"
+    triton_attention_max_rows: int | None = None
 
 
-EAGER_KERNELS = KernelChoices()
+# "auto" on CUDA (H200, SmolLM2 shape, benchmarks/round_kernels.py, BENCHMARKS.md 2r): the Triton
+# kernel takes a decode step from 1.21 to 1.11 ms (and a 256-row batched step from 2.51 to 2.21 ms);
+# for a 128-node tree (384 rows a KV head) it lost to cuDNN (1.51 against 1.47 ms), at 18 rows
+# they tie. So decode steps (G*N = G) take it and verification keeps SDPA.
+AUTO_TRITON_ATTENTION_MAX_ROWS = 16
+
+
+def resolve_kernel_choices(kc: KernelChoices, device: torch.device) -> KernelChoices:
+    """kc with its "auto" choices made for `device`: Triton attention for decode-sized forwards on
+    CUDA where Triton is installed, SDPA elsewhere."""
+    if kc.attention != "auto":
+        return kc
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        return dataclasses.replace(
+            kc, attention="triton", triton_attention_max_rows=AUTO_TRITON_ATTENTION_MAX_ROWS
+        )
+    return dataclasses.replace(kc, attention="sdpa")
+
+
+EAGER_KERNELS = KernelChoices(attention="sdpa")
 SDPA_BACKENDS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -136,6 +163,13 @@ def make_layer_fn(
     Hq, Hkv, hd, G = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.group_size
     eps, qk_norm = spec.rms_eps, spec.qk_norm
     inter = spec.intermediate_size
+    if kc.attention not in ("sdpa", "triton"):
+        raise ValueError(
+            f"KernelChoices.attention: expected 'sdpa' or 'triton' (resolve 'auto' first), got {kc.attention!r}"
+        )
+    cache_attention = None
+    if kc.attention == "triton":  # imported here, outside the traced layer
+        from eaglewire.target.runtime.attention_triton import cache_attention
 
     def layer(
         h: torch.Tensor,
@@ -177,8 +211,12 @@ def make_layer_fn(
         k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, Hkv, N, hd]
         v = v.transpose(1, 2)  # [B, Hkv, N, hd]
         kv_cache[write_rows, :, write_slots] = torch.cat([k, v], dim=1).transpose(1, 2)  # [B, N, 2Hkv, hd]
-        if mask is None:
+        max_rows = kc.triton_attention_max_rows
+        if mask is not None and cache_attention is not None and (max_rows is None or max_rows >= G * N):
+            attn = cache_attention(q, kv_cache, mask).view(B, N, Hq * hd)
+        elif mask is None:
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
         else:
             S = mask.shape[-1]
             qg = q.reshape(B, Hkv, G * N, hd)  # query heads of one KV head side by side
@@ -191,7 +229,7 @@ def make_layer_fn(
             else:
                 attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
             attn = attn.reshape(B, Hq, N, hd)  # backends differ in output layout
-        attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
+            attn = attn.transpose(1, 2).reshape(B, N, Hq * hd)
         x2 = x + linear(attn, o_w, o_b, kc)
         gate_up = linear(rms_norm(x2, post_norm, eps), gate_up_w, gate_up_b, kc)  # [B, N, 2I]
         gate, up = gate_up.split([inter, inter], dim=-1)

@@ -37,7 +37,7 @@ from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.model import KernelChoices
+from eaglewire.target.runtime.model import TRITON_ATTENTION_MAX_ROWS, KernelChoices
 from eaglewire.target.runtime.runner import FastTargetRunner
 
 SETTINGS: dict[str, SpecArgs | None] = {
@@ -164,12 +164,19 @@ def part_rows(
 
 
 def make_fast_runner(target: LoadedTarget, batch: int, attention: str) -> FastTargetRunner:
+    """attention: a KernelChoices.attention value, or "triton-decode" (Triton for decode-sized
+    forwards only, SDPA for trees: TRITON_ATTENTION_MAX_ROWS)."""
+    kc = (
+        KernelChoices(attention="triton", triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS)
+        if attention == "triton-decode"
+        else KernelChoices(attention=attention)
+    )
     return FastTargetRunner(
         target,
         default_boundaries(target.num_layers),
         max_batch_size=batch,
         max_seq_len=1024,
-        kernel_choices=KernelChoices(attention=attention),
+        kernel_choices=kc,
     )
 
 
@@ -242,7 +249,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument(
-        "--target-attention", default="sdpa,triton", help="KernelChoices.attention values to compare"
+        "--target-attention",
+        default="sdpa,triton,triton-decode",
+        help="target attention choices to compare: sdpa, triton (every forward), triton-decode (decode only)",
     )
     ap.add_argument("--batch", type=int, default=256, help="also time one batched decode step (1: no)")
     ap.add_argument("--top", type=int, default=30, help="kernels listed per part")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eaglewire.target.runtime.model import AUTO_TRITON_ATTENTION_MAX_ROWS, KernelChoices, prepare
+from eaglewire.target.runtime.model import TRITON_ATTENTION_MAX_ROWS, KernelChoices, prepare
 from eaglewire.target.runtime.runner import FastTargetRunner
 from tests.helpers.tiny import make_tiny_target
 from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS
@@ -66,26 +66,26 @@ def test_a_forward_with_triton_attention_equals_the_sdpa_forward() -> None:
     ids = torch.randint(3, target.vocab_size, (1, 40), generator=g).cuda()
     tree = random_tree_mask(g, 1, 12)
     outputs = {}
-    for attention in ("sdpa", "triton"):
-        runner = FastTargetRunner(
-            target,
-            boundaries,
-            max_batch_size=1,
-            max_seq_len=256,
-            kernel_choices=KernelChoices(attention=attention),
-        )
-        assert runner.kernel_choices.attention == attention
+    choices = {
+        "sdpa": KernelChoices(attention="sdpa"),
+        "triton": KernelChoices(attention="triton"),  # every forward
+        "triton decode": KernelChoices(
+            attention="triton", triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS
+        ),
+    }
+    for attention, kc in choices.items():
+        runner = FastTargetRunner(target, boundaries, max_batch_size=1, max_seq_len=256, kernel_choices=kc)
+        assert runner.kernel_choices == kc
         runner.forward(ids[:, :28], torch.arange(28, device="cuda")[None])
         runner.commit(torch.arange(28, device="cuda")[None], torch.tensor([28], device="cuda"))
         positions = 28 + tree.sum(-1) - 1  # [1, 12] depth below the root
-        outputs[attention] = runner.forward(ids[:, 28:], positions, tree)
-    torch.testing.assert_close(outputs["triton"].logits, outputs["sdpa"].logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(outputs["triton"].aux, outputs["sdpa"].aux, rtol=1e-4, atol=1e-4)
-
-
-def test_auto_picks_triton_on_cuda() -> None:
-    target = make_tiny_target("llama", num_layers=NUM_LAYERS)
-    target.model.to("cuda")
-    runner = FastTargetRunner(target, AUX_BOUNDARIES, max_batch_size=1, max_seq_len=128)
-    assert runner.kernel_choices.attention == "triton"  # for decode steps; trees keep SDPA
-    assert runner.kernel_choices.triton_attention_max_rows == AUTO_TRITON_ATTENTION_MAX_ROWS
+        forwards = [runner.forward(ids[:, 28:], positions, tree)]
+        runner.commit(torch.zeros(1, 1, dtype=torch.long, device="cuda"), torch.tensor([1], device="cuda"))
+        for t in range(29, 32):  # then decode steps, each kept
+            forwards.append(runner.forward(ids[:, t : t + 1], torch.tensor([[t]], device="cuda")))
+            runner.commit_prefix(torch.tensor([1], device="cuda"))
+        outputs[attention] = forwards
+    for attention in ("triton", "triton decode"):
+        for got, want in zip(outputs[attention], outputs["sdpa"], strict=True):
+            torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got.aux, want.aux, rtol=1e-4, atol=1e-4)

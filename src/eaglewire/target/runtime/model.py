@@ -20,7 +20,6 @@ never repeated: q [B, Hkv, G*N, hd] against k [B, Hkv, S, hd].
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,22 +53,23 @@ class KernelChoices:
     triton_attention_max_rows: int | None = None
 
 
-# "auto" on CUDA (H200, SmolLM2 shape, benchmarks/round_kernels.py, BENCHMARKS.md 2r): the Triton
-# kernel takes a decode step from 1.21 to 1.11 ms (and a 256-row batched step from 2.51 to 2.21 ms);
-# for a 128-node tree (384 rows a KV head) it lost to cuDNN (1.51 against 1.47 ms), at 18 rows
-# they tie. So decode steps (G*N = G) take it and verification keeps SDPA.
-AUTO_TRITON_ATTENTION_MAX_ROWS = 16
+# Measured on an H200 (SmolLM2 shape, benchmarks/round_kernels.py, BENCHMARKS.md 2r): the Triton
+# kernel takes a decode step from 1.21 to 1.11 ms (a 256-row batched step from 2.51 to 2.21 ms);
+# for a 128-node tree (384 rows a KV head) it lost to cuDNN (1.51 against 1.47 ms), at 18 rows they
+# tie. So the Triton choice should serve decode-sized forwards only: this many rows a KV head.
+TRITON_ATTENTION_MAX_ROWS = 16
 
 
 def resolve_kernel_choices(kc: KernelChoices, device: torch.device) -> KernelChoices:
-    """kc with its "auto" choices made for `device`: Triton attention for decode-sized forwards on
-    CUDA where Triton is installed, SDPA elsewhere."""
+    """kc with its "auto" choices made for `device`.
+
+    "auto" is SDPA for now: the Triton kernel equals SDPA on its own on the H200 (ten shapes, both
+    dtypes), but a whole compiled, graphed forward with it has not been compared with SDPA's on a
+    GPU yet (tests/gpu/test_cache_attention_cuda.py, written after the lease ran out). Once it has,
+    "auto" on CUDA becomes `attention="triton", triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS`."""
+    del device  # the choice will depend on it (above)
     if kc.attention != "auto":
         return kc
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-        return dataclasses.replace(
-            kc, attention="triton", triton_attention_max_rows=AUTO_TRITON_ATTENTION_MAX_ROWS
-        )
     return dataclasses.replace(kc, attention="sdpa")
 
 

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from benchmarks.loop_profile import random_draft
 from torch.profiler import ProfilerActivity, profile
 
 from eaglewire.contract.numbering import default_boundaries
-from eaglewire.draft.config import draft_config_for_target
-from eaglewire.draft.model import Eagle3Draft
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
@@ -101,14 +100,6 @@ def kernel_table(fn: Callable[[], Any], device: torch.device, calls: int) -> dic
             {"name": name[:110], "count": count / calls, "us": us / calls} for name, (count, us) in ranked
         ],
     }
-
-
-def random_draft(target: LoadedTarget, vd: int) -> Eagle3Draft:
-    cfg = draft_config_for_target(target.config, num_aux=3, draft_vocab_size=vd)
-    torch.manual_seed(0)
-    draft = Eagle3Draft(cfg)
-    draft.get_buffer("draft_to_target").copy_(torch.arange(vd))
-    return draft.to(device=target.device, dtype=target.dtype).eval()
 
 
 def part_rows(

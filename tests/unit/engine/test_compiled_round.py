@@ -57,16 +57,15 @@ def compiled_round(drafter: Drafter, root_token: int, root_position: int) -> tup
         return drafter._tree_fn(drafter.last_hidden, drafter.last_logits, TOP_K_ROUND, window)
 
 
-@pytest.mark.parametrize("shape", sorted(SPECS))
-def test_compiled_round_is_one_graph_and_matches_eager(tiny, monkeypatch, fresh_dynamo, shape):
+def check_compiled_round(draft, spec: SpecArgs, monkeypatch) -> None:
+    """Rounds of a compiled and an eager drafter from the same rows give the same tensors; the
+    compiled round was traced as one graph (also run on CUDA by tests/gpu/test_compiled_round_cuda.py)."""
     compiled_graphs = CompileCounter()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=compiled_graphs))
-    draft = tiny.untrained
-    compiled = Drafter(draft, SPECS[shape], max_seq_len=MAX_SEQ_LEN, cuda_graphs=False, compile=True)
-    eager = Drafter(draft, SPECS[shape], max_seq_len=MAX_SEQ_LEN, cuda_graphs=False, compile=False)
+    compiled = Drafter(draft, spec, max_seq_len=MAX_SEQ_LEN, cuda_graphs=False, compile=True)
+    eager = Drafter(draft, spec, max_seq_len=MAX_SEQ_LEN, cuda_graphs=False, compile=False)
     generator = torch.Generator().manual_seed(0)
-    n = PROMPT_ROWS
-    aux, tokens = rows(draft, n, generator)
+    aux, tokens = rows(draft, PROMPT_ROWS, generator)
     for _ in range(ROUNDS):
         compiled.extend(aux, tokens, start_position=eager.committed)
         eager.extend(aux, tokens, start_position=eager.committed)
@@ -86,6 +85,11 @@ def test_compiled_round_is_one_graph_and_matches_eager(tiny, monkeypatch, fresh_
     # one graph for the extend's forward, one for the whole round: the round's window never changed
     # here, and no call inside it (CandidatePool.add, the forward) was compiled as a frame of its own
     assert compiled_graphs.frame_count == 2
+
+
+@pytest.mark.parametrize("shape", sorted(SPECS))
+def test_compiled_round_is_one_graph_and_matches_eager(tiny, monkeypatch, fresh_dynamo, shape):
+    check_compiled_round(tiny.untrained, SPECS[shape], monkeypatch)
 
 
 def test_cache_buffers_keep_their_fixed_dims_static_when_they_grow(tiny):

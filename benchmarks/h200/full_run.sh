@@ -28,6 +28,7 @@
 #   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
 #   loop_profile benchmarks/loop_profile.py: a round's components, and wall vs GPU kernel time per decoding step
+#   round_kernels benchmarks/round_kernels.py: a round's parts kernel by kernel, per target attention choice
 #   train_profile benchmarks/train_profile.py: a training step's phases and kernels
 #   label_ab    benchmarks/label_ab.py: the quickstart's draft continued with soft vs hard labels
 #               (hard_label_weight 0 and 1, LABEL_AB_SECONDS each), scored by the held-out replay
@@ -41,7 +42,7 @@
 # measures only the settings its sweep.partial.json lacks), the quickstart skips its finished
 # stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
-# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
+# Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, ROUND_KERNELS_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
 # LEVERS_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
@@ -192,6 +193,10 @@ profile() {
 # plain decoding. LOOP_PROFILE_ARGS: extra flags (e.g. --rounds-only, the round loops alone).
 # shellcheck disable=SC2086 # LOOP_PROFILE_ARGS: word-split on purpose
 do_loop_profile() { profile loop_profile "${LOOP_PROFILE_TIMEOUT_S:-420}" 130 ${LOOP_PROFILE_ARGS:-}; }
+# a round's parts kernel by kernel on a random target of the reference shape, per target attention choice
+# (needs no converted target). ROUND_KERNELS_ARGS: extra flags (e.g. --settings, --target-attention).
+# shellcheck disable=SC2086 # ROUND_KERNELS_ARGS: word-split on purpose
+do_round_kernels() { profile round_kernels "${ROUND_KERNELS_TIMEOUT_S:-420}" 60 ${ROUND_KERNELS_ARGS:-}; }
 # where a training step's time goes (target side, forward, backward, update), eager and compiled
 # shellcheck disable=SC2086 # TRAIN_PROFILE_ARGS: word-split on purpose
 do_train_profile() { profile train_profile "${TRAIN_PROFILE_TIMEOUT_S:-300}" 40 ${TRAIN_PROFILE_ARGS:-}; }
@@ -315,7 +320,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | sweep | export | gpu_tests)
+    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | sweep | export | gpu_tests)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

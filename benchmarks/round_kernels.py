@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from benchmarks.loop_profile import random_draft
+from benchmarks.loop_profile import per_call_ms, random_draft
 from torch.profiler import ProfilerActivity, profile
 
 from eaglewire.contract.numbering import default_boundaries
@@ -50,28 +50,6 @@ SETTINGS: dict[str, SpecArgs | None] = {
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def gpu_ms_per_call(fn: Callable[[], Any], device: torch.device, calls: int, repeats: int = 5) -> float:
-    """Median over `repeats` of the GPU timeline of `calls` back-to-back calls, per call."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        for _ in range(calls):
-            fn()
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / calls)
-        else:
-            times.append((time.perf_counter() - t0) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def kernel_table(fn: Callable[[], Any], device: torch.device, calls: int) -> dict[str, Any]:
@@ -148,7 +126,7 @@ def part_rows(
     )
     out = []
     for part, fn in parts:
-        gpu = gpu_ms_per_call(fn, dev, args.calls)
+        gpu = per_call_ms(fn, dev, args.calls)[0]  # GPU timeline, median of 5 x `calls`
         table = kernel_table(fn, dev, args.calls)
         out.append({"setting": name, "part": part, "gpu_ms_per_call": gpu, **table})
     return out
@@ -187,7 +165,7 @@ def batched_decode_row(target: LoadedTarget, attention: str, args: argparse.Name
     def step() -> None:
         runner.forward(ids[:, ctx:], step_positions, length_bound=ctx)
 
-    gpu = gpu_ms_per_call(step, dev, args.calls)
+    gpu = per_call_ms(step, dev, args.calls)[0]
     table = kernel_table(step, dev, args.calls)
     return {"setting": f"plain b={B} [{attention}]", "part": "decode step", "gpu_ms_per_call": gpu, **table}
 

@@ -48,9 +48,22 @@ class KernelChoices:
     # "triton": attention over the cache as one Triton kernel (`runtime.attention_triton`, CUDA)
     # for forwards of at most triton_attention_max_rows query rows per KV head (G*N; None: all),
     # SDPA above; "sdpa": F.scaled_dot_product_attention on the grouped queries always; "auto":
-    # `resolve_kernel_choices` picks
+    # `KernelChoices.resolved` picks
     attention: str = "auto"
     triton_attention_max_rows: int | None = None
+
+    def resolved(self, device: torch.device) -> KernelChoices:
+        """These choices with "auto" made for `device`.
+
+        "auto" is SDPA for now: the Triton kernel equals SDPA on its own on the H200 (ten shapes,
+        both dtypes), but a whole compiled, graphed forward with it has not been compared with SDPA's
+        on a GPU yet (tests/gpu/test_cache_attention_cuda.py, written after the lease ran out). Once
+        it has, "auto" on CUDA becomes `attention="triton",
+        triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS`."""
+        del device  # the choice will depend on it (above)
+        if self.attention != "auto":
+            return self
+        return dataclasses.replace(self, attention="sdpa")
 
 
 # Measured on an H200 (SmolLM2 shape, benchmarks/round_kernels.py, BENCHMARKS.md 2r): the Triton
@@ -58,19 +71,6 @@ class KernelChoices:
 # for a 128-node tree (384 rows a KV head) it lost to cuDNN (1.51 against 1.47 ms), at 18 rows they
 # tie. So the Triton choice should serve decode-sized forwards only: this many rows a KV head.
 TRITON_ATTENTION_MAX_ROWS = 16
-
-
-def resolve_kernel_choices(kc: KernelChoices, device: torch.device) -> KernelChoices:
-    """kc with its "auto" choices made for `device`.
-
-    "auto" is SDPA for now: the Triton kernel equals SDPA on its own on the H200 (ten shapes, both
-    dtypes), but a whole compiled, graphed forward with it has not been compared with SDPA's on a
-    GPU yet (tests/gpu/test_cache_attention_cuda.py, written after the lease ran out). Once it has,
-    "auto" on CUDA becomes `attention="triton", triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS`."""
-    del device  # the choice will depend on it (above)
-    if kc.attention != "auto":
-        return kc
-    return dataclasses.replace(kc, attention="sdpa")
 
 
 EAGER_KERNELS = KernelChoices(attention="sdpa")

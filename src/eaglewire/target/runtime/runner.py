@@ -26,13 +26,7 @@ from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
-from eaglewire.target.runtime.model import (
-    KernelChoices,
-    make_head_fn,
-    make_layer_fn,
-    prepare,
-    resolve_kernel_choices,
-)
+from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
 log = logging.getLogger(__name__)
@@ -146,7 +140,7 @@ class FastTargetRunner:
             )
         self._eager: tuple[Callable[..., Any], ...] = (make_layer_fn(spec), make_head_fn(spec), prepare)
         self._compiled: tuple[Callable[..., Any], ...]
-        self.kernel_choices = resolve_kernel_choices(kernel_choices or KernelChoices(), self.device)
+        self.kernel_choices = (kernel_choices or KernelChoices()).resolved(self.device)
         self._compiled = self._eager
         if self.compiled:
             opts = dict(compile_options or {})

@@ -29,6 +29,8 @@ def run_both(tiny, trained, spec, prompts, stop) -> list[tuple[DecodeTrace, Deco
     """(lockstep, launch-ahead) per prompt, one graphed runner and one graphed drafter per loop."""
     runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "fast", max_seq_len=256)
     assert getattr(runner, "use_graphs", False), "the fast runtime should replay CUDA graphs on CUDA"
+    # the default on CUDA: decode steps through the Triton attention kernel, trees through SDPA
+    assert runner.kernel_choices.attention == "triton", runner.kernel_choices
     drafters = {ahead: Drafter(trained, spec, max_seq_len=256) for ahead in (False, True)}
     out = []
     for prompt in prompts:

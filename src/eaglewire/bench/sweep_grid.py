@@ -17,12 +17,12 @@ from itertools import product
 from eaglewire.engine.spec_args import SpecArgs, spec_args_warnings
 from eaglewire.errors import ConfigError
 
-# The default grid (23 settings once invalid shapes are skipped): chains of 3, 5 and 8, and trees
-# of top-4/top-8 up to 128 nodes. On the H200 the reference target's fastest trees were 8 steps of
-# top-8 with 64-128 nodes (BENCHMARKS.md 2f, 2h, 2q), which the older 1-7 steps x 4-32 nodes grid
-# (59 settings) never reached; 16-64 nodes at 3-5 steps cover what SGLang runs for 8B targets.
+# The default grid (chains of 3, 5 and 8, trees of top-4/8/12 up to 128 nodes; invalid shapes
+# skipped). On the H200 the reference target's fastest trees were 8 steps of top-8 to top-12 with
+# 64-128 nodes (BENCHMARKS.md 2f, 2h, 2q, 2r), which the older 1-7 steps x 4-32 nodes grid (59
+# settings) never reached; 16-64 nodes at 3-5 steps cover what SGLang runs for 8B targets.
 DEFAULT_NUM_STEPS = (3, 5, 8)
-DEFAULT_TOPK = (1, 4, 8)
+DEFAULT_TOPK = (1, 4, 8, 12)
 DEFAULT_NUM_DRAFT_TOKENS = (16, 32, 64, 128)
 
 

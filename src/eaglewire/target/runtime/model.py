@@ -53,16 +53,17 @@ class KernelChoices:
     triton_attention_max_rows: int | None = None
 
     def resolved(self, device: torch.device) -> KernelChoices:
-        """These choices with "auto" made for `device`.
-
-        "auto" is SDPA for now: the Triton kernel equals SDPA on its own on the H200 (ten shapes,
-        both dtypes), but a whole compiled, graphed forward with it has not been compared with SDPA's
-        on a GPU yet (tests/gpu/test_cache_attention_cuda.py, written after the lease ran out). Once
-        it has, "auto" on CUDA becomes `attention="triton",
-        triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS`."""
-        del device  # the choice will depend on it (above)
+        """These choices with "auto" made for `device`: on CUDA the Triton kernel for decode-sized
+        forwards (at most TRITON_ATTENTION_MAX_ROWS query rows a KV head) and SDPA above; SDPA
+        elsewhere (Triton kernels need a GPU). A whole compiled, graphed forward with it equals the
+        SDPA forward on the H200 (tests/gpu/test_cache_attention_cuda.py), and so does greedy
+        decoding through it (tests/gpu/test_launch_ahead_cuda.py)."""
         if self.attention != "auto":
             return self
+        if device.type == "cuda":
+            return dataclasses.replace(
+                self, attention="triton", triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS
+            )
         return dataclasses.replace(self, attention="sdpa")
 
 

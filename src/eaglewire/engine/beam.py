@@ -4,11 +4,12 @@ for the beam's few hundred candidates. Device tensors only: nothing here reads t
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from eaglewire.nn.triton_kernels import triton_kernels_run_on
 
 TOPK_CHUNK = 128  # top_k's first pass picks candidates inside chunks of this many entries
 
@@ -53,7 +54,7 @@ def top_k_log_probs_for(device: torch.device, *, fused: bool | None = None) -> T
     fused: None = two Triton kernels on CUDA when Triton is there (`engine.top_k_cuda`; equal
     values by lower id), else the torch ops; True/False force one (the GPU tests compare them)."""
     if fused is None:
-        fused = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+        fused = triton_kernels_run_on(device)
     if not fused:
         return top_k_log_probs
     from eaglewire.engine.top_k_cuda import fused_top_k_log_probs

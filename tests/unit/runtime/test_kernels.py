@@ -35,11 +35,21 @@ def test_own_code_copies_behave_like_the_original_with_a_distinct_code_object() 
     assert g(3) == 6 and g(3, b=4) == 12 and g.__code__ is not f.__code__
 
 
-def test_auto_attention_is_triton_for_decode_sized_forwards_on_cuda_and_sdpa_elsewhere() -> None:
+def test_auto_attention_is_triton_for_decode_sized_forwards_on_cuda_and_sdpa_elsewhere(monkeypatch) -> None:
+    import importlib.util
+
     from eaglewire.target.runtime.model import TRITON_ATTENTION_MAX_ROWS
 
-    on_cuda = KernelChoices().resolved(torch.device("cuda"))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: object() if name == "triton" else real_find_spec(name)
+    )
+    on_cuda = KernelChoices().resolved(torch.device("cuda"))  # as where Triton is installed
     assert (on_cuda.attention, on_cuda.triton_attention_max_rows) == ("triton", TRITON_ATTENTION_MAX_ROWS)
     assert KernelChoices().resolved(torch.device("cpu")).attention == "sdpa"
     chosen = KernelChoices(attention="sdpa")
     assert chosen.resolved(torch.device("cuda")) == chosen  # an explicit choice is kept
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "triton" else real_find_spec(name)
+    )
+    assert KernelChoices().resolved(torch.device("cuda")).attention == "sdpa"  # a CUDA build without Triton

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglewire.nn.rope import apply_rope
+from eaglewire.nn.triton_kernels import triton_kernels_run_on
 from eaglewire.target.runtime.weights import ModelSpec
 
 
@@ -55,12 +56,12 @@ class KernelChoices:
     def resolved(self, device: torch.device) -> KernelChoices:
         """These choices with "auto" made for `device`: on CUDA the Triton kernel for decode-sized
         forwards (at most TRITON_ATTENTION_MAX_ROWS query rows a KV head) and SDPA above; SDPA
-        elsewhere (Triton kernels need a GPU). A whole compiled, graphed forward with it equals the
+        elsewhere (Triton kernels need a GPU, and Triton). A whole compiled, graphed forward with it equals the
         SDPA forward on the H200 (tests/gpu/test_cache_attention_cuda.py), and so does greedy
         decoding through it (tests/gpu/test_launch_ahead_cuda.py)."""
         if self.attention != "auto":
             return self
-        if device.type == "cuda":
+        if triton_kernels_run_on(device):
             return dataclasses.replace(
                 self, attention="triton", triton_attention_max_rows=TRITON_ATTENTION_MAX_ROWS
             )

@@ -13,6 +13,13 @@ answers, `bench.heldout_trees`, each row's `tau_tree_method` says so):
         --variant base --variant decay1 step_weight_decay=1.0 --variant lr2x learning_rate=1e-3 \
         --variant top_is_last aux_boundaries=2,15,30 --variant embed train_embeddings=true   # on the GPU
 
+With `--served BENCH.json ...` every variant is also scored on text a bench really served: each
+bench's plain method's greedy tokens (every lossless setting serves that text), replayed for the
+chain and the static tree (`bench.served`; a chain's replay equals the engine's rounds in float32
+and came within 0.74% in bf16 on the H200, BENCHMARKS.md 2s). That is the issue's own measure, MT-bench
+included, without decoding: run 19's texts are in `benchmarks/results/h200_quickstart_run19/*/bench.json`.
+`--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part).
+
 A variant is a name and `field=value` pairs: any `TrainConfig` field, `aux_boundaries` (the target
 boundaries the draft reads; SGLang and vLLM take exactly three) or `draft_intermediate_size`.
 `--set field=value` applies to every variant (the CPU check shrinks the recipe with it). The JSON
@@ -29,14 +36,18 @@ from pathlib import Path
 from typing import Any
 
 from eaglewire.bench.heldout_trees import evaluate_predictor
-from eaglewire.bench.prediction import predict_setting
+from eaglewire.bench.prediction import predict_setting, predict_tau
+from eaglewire.bench.results import MethodResult
+from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
 from eaglewire.cli.common import run_script
 from eaglewire.data.vocab import load_draft_vocab
+from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.recipes.presets import PRESETS
 from eaglewire.recipes.quickstart import train_config
+from eaglewire.target.loading import LoadedTarget, load_target
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.evaluate import FIRST_ANSWER
 from eaglewire.train.run import run_training
@@ -58,7 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [FIELD=VALUE ...]")
     ap.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE", help="applied to every variant")
     ap.add_argument("--chain", type=int, default=5, help="chain length predicted")
-    ap.add_argument("--tree", default="8,8,128", help="num_steps,topk,num_draft_tokens of the tree predicted")
+    ap.add_argument("--tree", default="8,8,128",
+                    help="num_steps,topk,num_draft_tokens of the tree predicted; 'none': no held-out tree")  # fmt: skip
+    ap.add_argument("--served", type=Path, nargs="*", default=[], metavar="BENCH_JSON",
+                    help="bench.json files whose plain text every variant is also replayed on")  # fmt: skip
+    ap.add_argument("--served-dtype", default="bfloat16", help="the target's dtype for the served replay")
     ap.add_argument("--horizon", type=int, default=128, help="tokens per answer replayed (the decode length)")
     ap.add_argument("--eval-max-records", type=int, default=0, help="held-out records scored (0 = all)")
     ap.add_argument("--device", default=None)
@@ -98,30 +113,51 @@ def variant_setup(
 
 
 def replay_scores(
-    target: str, draft_dir: Path, eval_dir: Path, *, chain: int, tree: SpecArgs, horizon: int,
+    target: str, draft_dir: Path, eval_dir: Path, *, chain: int, tree: SpecArgs | None, horizon: int,
     ttt_steps: int, max_records: int = 0, device: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Held-out replay of the served text (first answers up to the decode horizon): the predicted
     tau of a `chain` (the evaluation's replay) and of `tree` (the engine's dynamic tree decoded over
     the answers: `tau_tree_method`), and accuracy per step. benchmarks/label_ab.py scores with it too."""
     predictor = evaluate_predictor(
-        draft_dir, target, eval_dir, num_steps=max(chain, ttt_steps, tree.num_steps), max_records=max_records,
-        device=device, horizon=horizon, answer=FIRST_ANSWER,
+        draft_dir, target, eval_dir, num_steps=max(chain, ttt_steps, tree.num_steps if tree else 0),
+        max_records=max_records, device=device, horizon=horizon, answer=FIRST_ANSWER,
     )  # fmt: skip
     summary = predictor.summary()
-    tree_prediction = predict_setting(predictor, tree)
+    tree_prediction = predict_setting(predictor, tree) if tree else None
     return {
         "tau_chain": predictor.tau_chain(chain),
-        "tau_tree": tree_prediction.tau,
-        "tau_tree_method": tree_prediction.method,
+        "tau_tree": tree_prediction.tau if tree_prediction else None,
+        "tau_tree_method": tree_prediction.method if tree_prediction else None,
         "acc": summary["acc"],
         "cond_acc": summary["cond_acc"],
     }
 
 
+ServedText = tuple[list[list[int]], MethodResult]  # a bench's prompts (token ids) and its plain runs
+
+
+def served_scores(
+    target: LoadedTarget, draft_dir: Path, texts: dict[str, ServedText], *, chain: int, tree: SpecArgs | None
+) -> dict[str, dict[str, Any]]:
+    """Per bench: the chain's and the static tree's replay over its plain text, and the chain's
+    acceptance per position (what the bench's methods table shows for a chain)."""
+    draft, contract = load_draft(draft_dir, device=target.device)
+    draft = float32_draft(draft)
+    out = {}
+    for name, (prompt_ids, plain) in texts.items():
+        evaluation = evaluate_served(target, draft, contract, served_records(prompt_ids, plain.runs),
+                                     num_steps=max(chain, tree.num_steps if tree else 0))  # fmt: skip
+        replay = evaluation.replay_chain(chain)
+        out[name] = {"tau_chain": replay.tau, "chain_acceptance": replay.per_position_acceptance,
+                     "tau_tree_static": predict_tau(evaluation, tree) if tree else None,
+                     "acc": evaluation.summary()["acc"]}  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tree = SpecArgs(*(int(x) for x in args.tree.split(",")))
+    tree = None if args.tree == "none" else SpecArgs(*(int(x) for x in args.tree.split(",")))
     if args.preset not in PRESETS:
         raise ConfigError(f"--preset: expected one of {sorted(PRESETS)}, got {args.preset!r}")
     common = parse_pairs(args.set, "--set")
@@ -146,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             done = {r["variant"]: r for r in saved["rows"]}
             say(f"{args.out}: {len(done)} variant(s) already scored ({', '.join(done)}); skipped")
     rows = [done[n] for n in names if n in done]
+    served_target = None
+    texts: dict[str, ServedText] = {}
+    if args.served and any(n not in done for n in names):
+        served_target = load_target(args.target, dtype=args.served_dtype, device=args.device)
+        for path in args.served:
+            texts[path.parent.name] = bench_plain_text(json.loads(path.read_text()), served_target, path)
     for name, overrides, config, run_args in variants:
         if name in done:
             continue
@@ -161,14 +203,22 @@ def main(argv: list[str] | None = None) -> int:
                      **replay_scores(args.target, trained.draft_dir, args.run / "data" / "eval", chain=args.chain,
                                      tree=tree, horizon=args.horizon, ttt_steps=config.ttt_steps,
                                      max_records=args.eval_max_records, device=args.device)})  # fmt: skip
+        if served_target is not None:
+            rows[-1]["served"] = served_scores(
+                served_target, trained.draft_dir, texts, chain=args.chain, tree=tree
+            )
         atomic_write_json(args.out, {"args": key, "rows": rows})
-    print(
-        f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  acc per step"
-    )
+    served_names = list(texts) or sorted({n for r in rows for n in r.get("served", {})})
+    print(f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  "
+          + "".join(f"{n[:12] + ' chain':>19}" for n in served_names) + "  held-out acc per step")  # fmt: skip
     for r in rows:
         acc = " ".join(f"{a:.3f}" for a in r["acc"][: args.chain + 1])
+        tree_tau = "-" if r["tau_tree"] is None else f"{r['tau_tree']:.3f}"
+        served = "".join(
+            f"{r.get('served', {}).get(n, {}).get('tau_chain', float('nan')):19.3f}" for n in served_names
+        )
         print(f"{r['variant']:<14} {r['optimizer_steps']:>6} {r['train_seconds']:>8.1f} "
-              f"{r['tau_chain']:8.3f} {r['tau_tree']:6.3f}  {acc}")  # fmt: skip
+              f"{r['tau_chain']:8.3f} {tree_tau:>6}{served}  {acc}")  # fmt: skip
     return 0
 
 

@@ -20,18 +20,13 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
 
-from eaglewire.bench.harness import Workload
 from eaglewire.bench.prediction import predict_tau
-from eaglewire.bench.prompts import load_prompt_set
-from eaglewire.bench.results import MethodResult
-from eaglewire.bench.served import evaluate_served, float32_draft, served_records
+from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
 from eaglewire.bench.text_replay import replay_on_texts, text_aux
 from eaglewire.cli.common import run_script
 from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.target.loading import load_target
 
@@ -49,33 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def served_inputs(bench: dict[str, Any], target: Any, where: Path) -> tuple[list[list[int]], MethodResult]:
-    """The bench's prompts, encoded as it encoded them, and its plain method's runs; the prompt
-    lengths must match what the bench recorded (else the chat template or the prompt set moved)."""
-    plain = MethodResult.from_json(bench["methods"]["plain"])
-    prompts = load_prompt_set(bench["prompts"], bench["num_prompts"])
-    work = Workload.build(
-        target, prompts, max_new_tokens=bench["max_new_tokens"], chat=bench["chat_template"]
-    )
-    lengths = [len(p) for p in work.prompt_ids]
-    recorded = [r.prompt_tokens for r in plain.runs]
-    if lengths != recorded:
-        first = next(i for i, (a, b) in enumerate(zip(lengths, recorded, strict=True)) if a != b)
-        raise ConfigError(
-            f"{where}: prompt {plain.runs[first].prompt_id} encodes to {lengths[first]} tokens here but "
-            f"{recorded[first]} in the bench",
-            fix="use the tokenizer and prompt set the bench ran with",
-        )
-    return work.prompt_ids, plain
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = json.loads(args.bench.read_text())
     trees = [SpecArgs(*(int(x) for x in t.split(","))) for t in args.trees]
     target = load_target(args.target, dtype=args.dtype, device=args.device)
     draft, contract = load_draft(args.draft, device=target.device)
-    prompt_ids, plain = served_inputs(bench, target, args.bench)
+    prompt_ids, plain = bench_plain_text(bench, target, args.bench)
     t0 = time.perf_counter()
     evaluation = evaluate_served(
         target, float32_draft(draft), contract, served_records(prompt_ids, plain.runs),
@@ -112,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         m = "-" if r["measured_tau"] is None else f"{r['measured_tau']:.2f}"
         d = f"{r['dynamic_tau']:.2f}" if "dynamic_tau" in r else "-"
-        shape = f"{r['num_steps']}x{r['topk']}x{r['num_draft_tokens']}"
-        print(f"{shape:<12} {r['predicted_tau']:7.2f} {d:>8} {m:>9}")
+        label = f"{r['num_steps']}x{r['topk']}x{r['num_draft_tokens']}"
+        print(f"{label:<12} {r['predicted_tau']:7.2f} {d:>8} {m:>9}")
     return 0
 
 

@@ -43,7 +43,7 @@
 # stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, ROUND_KERNELS_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
-# LEVERS_TIMEOUT_S, SWEEP_TIMEOUT_S,
+# LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -71,6 +71,18 @@ if [ "$src_root" != "$(cd "$repo" && pwd -P)" ]; then
   tar -C "$src_root" --exclude=__pycache__ --exclude=benchmarks/results -cf - "${items[@]}" | tar -C "$repo" -xf - \
     || { say "copy into $repo failed"; exit 1; }
   say "copied ${items[*]} from $src_root into $repo"
+fi
+# The texts the levers step replays every variant on (LEVERS_SERVED_FROM: a results folder of bench runs,
+# relative to the repository; benchmarks/results is left out of the copy above, so these come on their own).
+served_dir="$SMOL/served"
+if [ -n "${LEVERS_SERVED_FROM:-}" ]; then
+  for bench in "$src_root/$LEVERS_SERVED_FROM"/*/bench.json; do
+    [ -f "$bench" ] || continue
+    name=$(basename "$(dirname "$bench")")
+    [ "$name" = mt-bench ] && continue # its 8 questions are among mt-bench-all's 80
+    mkdir -p "$served_dir/$name" && cp "$bench" "$served_dir/$name/"
+  done
+  say "served texts for the levers: $(ls "$served_dir" 2>/dev/null | tr '\n' ' ')"
 fi
 touch "$SMOL/full_run.copied"
 cd "$repo" || exit 1
@@ -274,10 +286,13 @@ do_quickstart_data() {
 
 # The default variants: the preset itself, undecayed step weights, twice the learning rate, and the
 # top aux boundary moved to the last layer's output (pre-norm); three boundaries, as SGLang and vLLM need.
-LEVERS_DEFAULT="--variant base --variant decay1 step_weight_decay=1.0 --variant lr2x learning_rate=1e-3 --variant top_is_last aux_boundaries=2,15,30"
+LEVERS_DEFAULT="--variant base --variant align1 align_topk=1 --variant top_is_last aux_boundaries=2,15,30 --variant lr2x learning_rate=1e-3 --variant embed train_embeddings=true"
 do_levers() {
   [ -d "$qs/data/train" ] || { say "no quickstart data ($qs/data/train): run quickstart_data first"; return 1; }
-  local sizes=() variants=${LEVERS_ARGS:-$LEVERS_DEFAULT}
+  local sizes=() variants=${LEVERS_ARGS:-$LEVERS_DEFAULT} served=()
+  if [ -d "$served_dir" ]; then
+    served=(--served "$served_dir"/*/bench.json)
+  fi
   if [ "$TINY" = 1 ]; then
     sizes=(--chain 2 --tree 2,2,3 --horizon 16 --set batch_size=2 max_length=256 ttt_steps=2 compile=false)
     variants=${LEVERS_ARGS:-"--variant base --variant decay1 step_weight_decay=1.0"}
@@ -286,7 +301,7 @@ do_levers() {
   # shellcheck disable=SC2086 # variants: flags, word-split on purpose
   timeout "${LEVERS_TIMEOUT_S:-1200}" "$PY" benchmarks/draft_levers.py --target "$target" --run "$qs" \
     --preset "$preset" --steps "${LEVERS_STEPS:-$([ "$TINY" = 1 ] && echo 3 || echo 1500)}" "${sizes[@]}" \
-    $variants --work "$runs/levers" --out "$results/draft_levers.json" 2>&1 \
+    "${served[@]}" ${LEVERS_EXTRA:-} $variants --work "$runs/levers" --out "$results/draft_levers.json" 2>&1 \
     | grep --line-buffered -v "Loading weights" | tee "$results/draft_levers.txt"
   return "${PIPESTATUS[0]}"
 }

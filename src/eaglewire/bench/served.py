@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +47,7 @@ import torch
 from eaglewire.bench.prediction import PredictionRow
 from eaglewire.bench.results import MethodResult, PromptRun
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.errors import EaglewireError
+from eaglewire.errors import ConfigError, EaglewireError
 
 if TYPE_CHECKING:
     from eaglewire.contract.contract import Contract
@@ -124,6 +125,36 @@ def served_records(prompt_ids: Sequence[Sequence[int]], runs: Sequence[PromptRun
         mask[len(prompt) :] = True
         records.append(TokenizedRecord(f"served:{run.prompt_id}", ids, mask))
     return records
+
+
+def bench_plain_text(
+    bench: dict[str, Any], target: LoadedTarget, where: Path
+) -> tuple[list[list[int]], MethodResult]:
+    """A saved bench.json's prompts, encoded as the bench encoded them, and its plain method's runs
+    (the target's greedy text, which every lossless setting serves too: any draft can be replayed
+    over it). The prompt lengths must match the bench's record, else the chat template or the prompt
+    set moved; `where` (the file) names the mismatch."""
+    from eaglewire.bench.harness import Workload
+    from eaglewire.bench.prompts import load_prompt_set
+
+    if "plain" not in bench.get("methods", {}):
+        raise ConfigError(f"{where}: no 'plain' method in the bench, whose text a replay needs",
+                          fix="use a bench.json of a run that timed plain decoding")  # fmt: skip
+    plain = MethodResult.from_json(bench["methods"]["plain"])
+    prompts = load_prompt_set(bench["prompts"], bench["num_prompts"])
+    work = Workload.build(
+        target, prompts, max_new_tokens=bench["max_new_tokens"], chat=bench["chat_template"]
+    )
+    lengths = [len(p) for p in work.prompt_ids]
+    recorded = [r.prompt_tokens for r in plain.runs]
+    if lengths != recorded:
+        first = next(i for i, (a, b) in enumerate(zip(lengths, recorded, strict=True)) if a != b)
+        raise ConfigError(
+            f"{where}: prompt {plain.runs[first].prompt_id} encodes to {lengths[first]} tokens here but "
+            f"{recorded[first]} in the bench",
+            fix="use the tokenizer and prompt set the bench ran with",
+        )
+    return work.prompt_ids, plain
 
 
 def evaluate_served(

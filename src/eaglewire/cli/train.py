@@ -17,6 +17,7 @@ from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_
 _OVERRIDES = {
     "ttt_steps": "ttt_steps",
     "hard_label_weight": "hard_label_weight",
+    "align_topk": "align_topk",
     "epochs": "epochs",
     "max_steps": "max_steps",
     "batch_size": "batch_size",
@@ -65,6 +66,12 @@ def train_command(
         None,
         "--hard-label-weight",
         help="share of the label on the target's argmax token, 0..1 (default 0: soft labels)",
+    ),
+    align_topk: int = typer.Option(
+        None,
+        "--align-topk",
+        help="train step s only where the target's token was in the draft's top-k at every earlier "
+        "step (1 for chains; default 0: every row)",
     ),
     epochs: int = typer.Option(None, "--epochs"),
     max_steps: int = typer.Option(None, "--max-steps", help="cap on optimizer steps (0 = epochs decide)"),

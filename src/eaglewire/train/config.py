@@ -46,6 +46,13 @@ class TrainConfig:
         "other branches draft the target's second choices",
         default=0.0,
     )
+    align_topk: int = help_field(
+        "k >= 1: train step s only on the rows a served draft reaches, those whose target token was "
+        "in the draft's top-k at every earlier step (GRIFFIN's token alignment; 1 = a chain, a tree's "
+        "topk for trees); the normaliser stays every valid row, so later steps weigh by how often "
+        "serving gets there. 0 = every valid row at every step (EAGLE-3)",
+        default=0,
+    )
     # --- optimisation ---
     learning_rate: float = help_field("peak AdamW learning rate", default=1e-4)
     min_lr_ratio: float = help_field("cosine decays to learning_rate*min_lr_ratio", default=0.0)
@@ -120,7 +127,7 @@ class TrainConfig:
                 raise ConfigError(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
         if self.max_seconds < 0:
             raise ConfigError(f"max_seconds: expected >= 0 (0 = no budget), got {self.max_seconds}")
-        for name in ("max_steps", "eval_every", "eval_max_records", "checkpoint_every"):
+        for name in ("max_steps", "eval_every", "eval_max_records", "checkpoint_every", "align_topk"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected an integer >= 0, got {getattr(self, name)}")
         if not 0.0 < self.step_weight_decay <= 1.0:

@@ -143,6 +143,7 @@ class Trainer:
             config.ttt_steps,
             config.loss,
             hard_label_weight=config.hard_label_weight,
+            align_topk=config.align_topk,
             compile=config.compile,
             attention=config.ttt_attention,
         )

@@ -90,6 +90,7 @@ def step_outcome(
     hard_label_weight: float = 0.0,
     rows: torch.Tensor | None = None,
     scored: torch.Tensor | None = None,
+    trained: torch.Tensor | None = None,
 ) -> StepOutcome:
     """draft_logits [B, T, Vd], or [M, Vd]: the logits of the flat rows `scored` [M] only (ascending
     indices b*T + t including every valid row, `StepRows.scored`); `target` already aligned with the
@@ -101,7 +102,8 @@ def step_outcome(
     others (out of vocabulary) contribute exactly 0 to the sum and to the gradient.
     `hard_label_weight` w mixes the label: (1 - w) * the target's distribution + w * a one-hot on
     its argmax token (see `TrainConfig.hard_label_weight`). `correct` is
-    computed where there are logits (False elsewhere)."""
+    computed where there are logits (False elsewhere). trained [B, T] bool: the valid rows whose loss
+    counts (`TrainConfig.align_topk`; the others add 0 to the sum and the gradient); None = all."""
     B, T = valid.shape
     if rows is None:
         rows = valid.reshape(-1).nonzero().squeeze(1)
@@ -131,6 +133,8 @@ def step_outcome(
     per_row = torch.logsumexp(z, dim=-1) - label_dot_z  # [N]
     if kind == "kl":  # minus the label's entropy, so a perfect match scores 0
         per_row = per_row + torch.special.xlogy(label, label).sum(-1)
+    if trained is not None:
+        draftable = draftable & trained.reshape(-1)[rows]
     loss_sum = torch.where(draftable, per_row, torch.zeros_like(per_row)).sum()
     with torch.no_grad():
         if scored is None:
@@ -153,6 +157,27 @@ def step_outcome(
         ).to(torch.float64)
         counts = torch.cat([counts, loss_sum.detach().to(torch.float64).reshape(1)])
     return StepOutcome(loss_sum=loss_sum, counts=counts, correct=correct)
+
+
+def in_top_k(
+    draft_logits: torch.Tensor,
+    target: TargetDistribution,
+    k: int,
+    scored: torch.Tensor | None,
+    shape: torch.Size,
+) -> torch.Tensor:
+    """bool `shape` [B, T]: the target's argmax token is among the draft's top k (ties count for it;
+    never where it is out of vocab). draft_logits [B, T, Vd], or [M, Vd] of the flat rows `scored`
+    [M] (False at the other rows), as in `step_outcome`."""
+    with torch.no_grad():
+        if scored is None:
+            return (target_rank(draft_logits, target) < k).view(shape)
+        token = target.token.reshape(-1)[scored]  # [M]
+        at_target = draft_logits.gather(-1, token[:, None])  # [M, 1]
+        hit = ((draft_logits > at_target).sum(-1) < k) & target.in_vocab.reshape(-1)[scored]
+        out = torch.zeros(shape.numel(), dtype=torch.bool, device=draft_logits.device)
+        out[scored] = hit
+        return out.view(shape)
 
 
 def target_rank(draft_logits: torch.Tensor, target: TargetDistribution) -> torch.Tensor:

@@ -15,7 +15,7 @@ from eaglewire.errors import ConfigError
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.train.batches import Batch
 from eaglewire.train.config import TTTAttention
-from eaglewire.train.loss import NUM_COUNTS, step_outcome, target_rank
+from eaglewire.train.loss import NUM_COUNTS, in_top_k, step_outcome, target_rank
 from eaglewire.train.target_side import TrainInputs
 from eaglewire.train.ttt import StepRows, step_rows, ttt_unroll
 
@@ -56,6 +56,7 @@ class TTTObjective(nn.Module):
         kind: Literal["soft_ce", "kl"] = "soft_ce",
         *,
         hard_label_weight: float = 0.0,
+        align_topk: int = 0,
         compile: bool = False,
         attention: TTTAttention = "blocked",
     ) -> None:
@@ -72,6 +73,7 @@ class TTTObjective(nn.Module):
         self.num_steps = num_steps
         self.kind: Literal["soft_ce", "kl"] = kind
         self.hard_label_weight = hard_label_weight
+        self.align_topk = align_topk  # TrainConfig.align_topk: 0 = train every valid row
         self._forward: Callable[..., DraftOutput] | None = (
             torch.compile(draft.forward, dynamic=True, backend=COMPILE_BACKEND) if compile else None
         )
@@ -86,7 +88,8 @@ class TTTObjective(nn.Module):
             rows = batch_step_rows(b, S)
         if rows.num_steps != S:
             raise ValueError(f"StepRows for {rows.num_steps} steps, the objective unrolls {S}")
-        chain_ok = torch.ones_like(b.loss_mask)
+        chain_ok = torch.ones_like(b.loss_mask)  # [B, T] every earlier step's top-1 right
+        aligned = torch.ones_like(b.loss_mask)  # [B, T] every earlier step's top-k right (align_topk)
         losses, counts, ranks = [], [], []
         B, T = b.input_ids.shape
         # Ranks need every row's logits; otherwise only the rows each step scores get the lm_head.
@@ -118,12 +121,17 @@ class TTTObjective(nn.Module):
                     hard_label_weight=self.hard_label_weight,
                     rows=rows.index[s],
                     scored=scored,
+                    trained=aligned if self.align_topk else None,
                 )
                 losses.append(res.loss_sum)
                 counts.append(res.counts)
                 if with_ranks:
                     ranks.append(target_rank(out.logits.detach(), target))
                 chain_ok = chain_ok & res.correct
+                if self.align_topk > 1:
+                    aligned = aligned & in_top_k(logits, target, self.align_topk, scored, chain_ok.shape)
+                elif self.align_topk == 1:
+                    aligned = chain_ok
         assert len(losses) == S
         return ObjectiveOutput(
             loss_sums=torch.stack(losses),

@@ -39,10 +39,12 @@ def run_dir(tmp_path_factory) -> Path:
     return root
 
 
-def levers(root: Path, out: Path, *variants: list[str]) -> subprocess.CompletedProcess[str]:
+def levers(
+    root: Path, out: Path, *variants: list[str], extra: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, str(SCRIPT), "--target", str(root / "target"), "--run", str(root / "run"),
             "--preset", "tiny", "--steps", "3", "--device", "cpu", "--chain", "2", "--tree", "2,2,3",
-            "--horizon", "16", "--set", *SMALL, "--out", str(out)]  # fmt: skip
+            "--horizon", "16", "--set", *SMALL, "--out", str(out), *(extra or [])]  # fmt: skip
     for v in variants:
         args += ["--variant", *v]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
@@ -73,3 +75,43 @@ def test_an_unknown_field_names_its_variant(run_dir: Path, tmp_path: Path) -> No
     done = levers(run_dir, tmp_path / "x.json", ["bad", "step_wieght_decay=1.0"])
     assert done.returncode == 2
     assert "--variant bad" in done.stderr and "step_wieght_decay" in done.stderr
+
+
+def test_served_scores_equal_what_the_engine_measures_on_that_text(run_dir: Path, tmp_path: Path) -> None:
+    """--served replays each variant's chain over a bench's plain text; decoding those prompts with
+    the variant's draft (float32) measures the same tau, round for round."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli import app
+    from eaglewire.draft.init import init_draft
+    from eaglewire.draft.io import save_draft
+    from eaglewire.target.identity import build_contract
+    from eaglewire.target.loading import load_target
+
+    target = load_target(run_dir / "target", dtype="float32", device="cpu")
+    contract = build_contract(target)
+    untrained = save_draft(init_draft(target, contract), contract, tmp_path / "untrained")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Hello! How are you?"}\n{"prompt": "What is your favourite book?"}\n')
+
+    def bench(draft: Path, methods: str, out: Path) -> dict:
+        r = CliRunner().invoke(app, [
+            "bench", "--target", str(run_dir / "target"), "--draft", str(draft), "--prompts", str(prompts),
+            "--max-new-tokens", "12", "--methods", methods, "--chain-steps", "2", "--warmup", "0",
+            "--repeats", "1", "--device", "cpu", "--no-plots", "--out", str(out),
+        ])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        return json.loads((out / "bench.json").read_text())
+
+    bench(untrained, "plain", tmp_path / "plain")  # the text: any draft's bench serves it
+    out = tmp_path / "levers.json"
+    done = levers(run_dir, out, ["base"], extra=["--tree", "none", "--served", str(tmp_path / "plain" / "bench.json"),
+                                               "--served-dtype", "float32"])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["tau_tree"] is None
+    served = row["served"]["plain"]  # keyed by the bench's folder
+    measured = bench(tmp_path / "levers" / "base" / "draft", "plain,eagle-chain", tmp_path / "chain")
+    chain = next(p for p in measured["served_predictions"] if p["method"] == "eagle-chain")
+    assert served["tau_chain"] == pytest.approx(chain["measured_tau_in_text"], rel=1e-9)
+    assert len(served["chain_acceptance"]) == 2 and served["tau_tree_static"] is None

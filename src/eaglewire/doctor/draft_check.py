@@ -7,6 +7,9 @@
 - vocab map: absolute draft->target ids in range and unique; for engine exports the offset form
   `d2t` (target = draft + d2t[draft]) and the boolean `t2d` must agree with each other and with Vd.
 - fc width: the draft's fc reads A*Ht columns.
+- embedding: SGLang's EAGLE-3 worker replaces a draft's embed_tokens with the target's whenever their
+  hidden sizes match (`set_embed`), so a draft trained with its own embedding (`train_embeddings`) is
+  served with other token vectors than it learned, silently; vLLM loads the draft's own.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from eaglewire.contract.fingerprint import TOLERANCE, match_fingerprint
 from eaglewire.doctor.diagnosis import key_text
 from eaglewire.doctor.draft_source import DraftSource
 from eaglewire.doctor.findings import CheckResult, Finding, Row
+from eaglewire.target.architectures import target_parts
 from eaglewire.target.identity import states_on_probe, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name
 from eaglewire.typed_config import to_dict
@@ -281,6 +285,43 @@ def check_fc_width(source: DraftSource, num_aux: int | None, target_hidden: int,
         )
 
 
+# Relative L2 distance above which a draft's embedding is not the target's: copies in another dtype
+# differ by bf16 rounding (~4e-3 relative), a trained embedding by far more.
+EMBED_TOLERANCE = 2e-2
+
+
+def check_embedding(source: DraftSource, target: LoadedTarget, result: CheckResult) -> None:
+    """The draft's embed_tokens against the live target's embedding (see the module docstring)."""
+    embed = source.tensors.get("embed_tokens.weight")
+    mine = target_parts(target.model).embed_tokens.weight.detach()
+    if embed is None or tuple(embed.shape) != tuple(mine.shape):
+        return  # absent: every engine shares the target's; another shape: hidden sizes differ, no replacement
+    distance = float((embed.float() - mine.float().cpu()).norm() / mine.float().norm().clamp_min(1e-12))
+    same = distance <= EMBED_TOLERANCE
+    result.rows.append(
+        Row(
+            item="embed_tokens vs target embedding",
+            declared="the target's (what SGLang serves)",
+            actual=f"relative L2 distance {distance:.3g}",
+            ok=same or source.kind == "vllm",
+        )  # fmt: skip
+    )
+    if same or source.kind == "vllm":
+        return
+    served = "this export" if source.kind == "sglang" else "an SGLang export of this draft"
+    result.findings.append(
+        Finding(
+            check="draft.embedding",
+            severity="error" if source.kind == "sglang" else "warning",
+            what=f"the draft's embed_tokens is not the target's embedding: SGLang replaces it with the "
+            f"target's when it loads {served}, so the draft is served with token vectors it was not trained with",
+            declared="embed_tokens.weight: the target's embedding (SGLang's set_embed)",
+            actual=f"{source.path}: embed_tokens.weight at relative L2 distance {distance:.3g} from it",
+            fix="serve it with vLLM (which loads the draft's embed_tokens), or retrain with train_embeddings=false",
+        )
+    )
+
+
 def check_draft(
     source: DraftSource,
     *,
@@ -300,6 +341,8 @@ def check_draft(
         shapes_ok = check_identity(contract, target, result)
         if shapes_ok and fingerprint:
             check_fingerprint_values(contract, target, result)
+    if target is not None and shapes_ok and not any(f.severity == "error" for f in result.findings):
+        check_embedding(source, target, result)  # (another target's embedding differs too: said above)
     if contract is not None and data_contract is not None:
         for line in contract_diff(contract, data_contract, names=("draft", "data")):
             field, _, values = line.partition(": ")

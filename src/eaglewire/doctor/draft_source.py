@@ -33,7 +33,7 @@ EAGLEWIRE_FORMAT = "eaglewire-eagle3"
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 SGLANG_NESTED = "eagle_config"
 VLLM_MARKERS = ("speculators_model_type", "speculators_config", "transformer_layer_config")
-TENSOR_SUFFIXES = ("fc.weight", "d2t", "t2d", "draft_to_target", "lm_head.weight")
+TENSOR_SUFFIXES = ("fc.weight", "d2t", "t2d", "draft_to_target", "lm_head.weight", "embed_tokens.weight")
 
 
 @dataclass

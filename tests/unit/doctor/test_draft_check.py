@@ -122,3 +122,24 @@ def test_fc_width_differs_from_a_times_ht(drafts, tmp_path):
     (f,) = result.findings
     assert f.check == "draft.fc_width" and f.actual == "fc.weight in_features = 128"
     assert f.declared == "A*Ht = 3*64 = 192"
+
+
+@pytest.mark.parametrize(("kind", "severity"), [("sglang", "error"), ("ew", "warning"), ("vllm", None)])
+def test_a_trained_embedding_is_flagged_where_sglang_would_replace_it(drafts, tmp_path, kind, severity):
+    """SGLang serves the target's embedding in place of the draft's (hidden sizes equal); vLLM serves the draft's."""
+    bad = tmp_path / kind
+    shutil.copytree(drafts[kind], bad)
+    weights = next(bad.glob("*.safetensors"))
+    state = load_file(str(weights))
+    name = next(k for k in state if k.endswith("embed_tokens.weight"))
+    state[name] = state[name] + 0.5 * state[name].std() * torch.randn_like(state[name])  # as if trained
+    save_file(state, str(weights))
+    result = check_draft(read_draft_source(bad), target=tiny(12))
+    found = [f for f in result.findings if f.check == "draft.embedding"]
+    row = next(r for r in result.rows if r.item == "embed_tokens vs target embedding")
+    assert 0.45 < float(row.actual.rsplit(" ", 1)[1]) < 0.55  # the noise added: half the std
+    if severity is None:
+        assert found == [] and row.ok
+    else:
+        assert [f.severity for f in found] == [severity]
+        assert "SGLang replaces it" in found[0].what and "vLLM" in found[0].fix

@@ -35,6 +35,8 @@
 #   quickstart_data  the quickstart's first two stages alone (--stop-after data; `quickstart` resumes)
 #   levers      benchmarks/draft_levers.py: fresh drafts of LEVERS_STEPS steps each on the quickstart's
 #               data, one per training lever (LEVERS_ARGS: its --variant flags), scored by the replay
+#               (and on the served texts of the bench runs in LEVERS_SERVED_FROM, e.g.
+#               benchmarks/results/h200_quickstart_run19; LEVERS_EXTRA: more flags, e.g. --tree none)
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #

@@ -170,22 +170,27 @@ def in_top_k(
     never where it is out of vocab). draft_logits [B, T, Vd], or [M, Vd] of the flat rows `scored`
     [M] (False at the other rows), as in `step_outcome`."""
     with torch.no_grad():
+        # an in-vocab rank is at most Vd - 1; out of vocab it is Vd, never a hit whatever k is
+        hit = target_rank(draft_logits, target, scored) < min(k, draft_logits.shape[-1])
         if scored is None:
-            return (target_rank(draft_logits, target) < k).view(shape)
-        token = target.token.reshape(-1)[scored]  # [M]
-        at_target = draft_logits.gather(-1, token[:, None])  # [M, 1]
-        hit = ((draft_logits > at_target).sum(-1) < k) & target.in_vocab.reshape(-1)[scored]
+            return hit.view(shape)
         out = torch.zeros(shape.numel(), dtype=torch.bool, device=draft_logits.device)
         out[scored] = hit
         return out.view(shape)
 
 
-def target_rank(draft_logits: torch.Tensor, target: TargetDistribution) -> torch.Tensor:
+def target_rank(
+    draft_logits: torch.Tensor, target: TargetDistribution, scored: torch.Tensor | None = None
+) -> torch.Tensor:
     """[B, T] int64: how many draft tokens score strictly higher than the target's argmax token
-    (0 = the draft's top-1 is right); Vd where the target token is out of the draft vocab."""
-    at_target = draft_logits.gather(-1, target.token[..., None])  # [B, T, 1]
+    (0 = the draft's top-1 is right); Vd where the target token is out of the draft vocab.
+    With `scored` [M] (flat rows b*T + t) and draft_logits [M, Vd] of those rows only: [M]."""
+    token, in_vocab = target.token, target.in_vocab
+    if scored is not None:
+        token, in_vocab = token.reshape(-1)[scored], in_vocab.reshape(-1)[scored]  # [M]
+    at_target = draft_logits.gather(-1, token[..., None])  # [..., 1]
     rank = (draft_logits > at_target).sum(-1)
-    return torch.where(target.in_vocab, rank, torch.full_like(rank, draft_logits.shape[-1]))
+    return torch.where(in_vocab, rank, torch.full_like(rank, draft_logits.shape[-1]))
 
 
 class StepCounts:

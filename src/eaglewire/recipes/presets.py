@@ -44,7 +44,9 @@ class QuickstartPreset:
     learning_rate: float = help_field("peak learning rate")
     max_length: int = help_field("tokens per training row")
     batch_size: int = help_field("rows per optimizer step")
-    decode_prompts: int = help_field("held-out prompts decoded per prompt set")
+    decode_prompts: int = help_field(
+        "the first this many prompts decoded per prompt set (a set in whole_sets is decoded whole instead)"
+    )
     decode_max_new_tokens: int = help_field("tokens generated per decoded prompt")
     prompt_sets: tuple[str, ...] = help_field("prompt sets decoded at the end (held-out only)")
     chain_steps: int = help_field("draft tokens per round of the chain setting (topk=1)")
@@ -55,6 +57,11 @@ class QuickstartPreset:
         "prompt sets on which the transformers baselines (generate, prompt lookup, static-cache compiled) are also timed (they are slow)"
     )
     timing_repeats: int = help_field("timed runs per prompt and method (median reported)")
+    hf_baseline_prompts: int = help_field(
+        "the first this many prompts of each hf_baseline_sets set, decoded by the transformers baselines "
+        "beside ours in a run of their own (0 = decode_prompts)",
+        default=0,
+    )
     whole_sets: tuple[str, ...] = help_field(
         "prompt sets also decoded whole (every prompt) by our plain, chain and tree decoders, reported "
         "as '<set>-all' (the first decode_prompts of MT-bench are all one category, writing)",
@@ -124,6 +131,9 @@ class QuickstartPreset:
                 f"preset {self.name!r}: capture_max_batch_tokens must be >= 0 (0 = the capture's default), "
                 f"got {self.capture_max_batch_tokens}"
             )
+        for name in ("decode_prompts", "hf_baseline_prompts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"preset {self.name!r}: {name} must be >= 0, got {getattr(self, name)}")
         if self.user_turns < 1:
             raise ConfigError(f"preset {self.name!r}: user_turns must be >= 1, got {self.user_turns}")
         if not 0 < self.regen_max_new_tokens < self.max_length:
@@ -273,7 +283,10 @@ PRESETS: dict[str, QuickstartPreset] = {
         learning_rate=2e-3,
         max_length=1024,
         batch_size=16,
-        decode_prompts=8,
+        # The held-out prompts whose answers the eval stage replays (eval_conversations: chitchat's first
+        # 64, HumanEval's 33), not their first 8: run 21's draft served chitchat's first 8 at chain tau 3.13
+        # and all 64 at 3.56, HumanEval's 8 at 3.21 and all 33 at 3.25 (BENCHMARKS.md 2u); ~+30 s.
+        decode_prompts=64,
         decode_max_new_tokens=128,
         prompt_sets=("chitchat-eval", "humaneval-eval", "mt-bench"),
         chain_steps=5,
@@ -288,6 +301,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         tree_topk=12,
         tree_num_draft_tokens=128,
         hf_baseline_sets=("mt-bench",),
+        hf_baseline_prompts=8,  # transformers' generate runs at ~38 tok/s here: 8 x 128 tokens ~27 s a method
         # the 80 MT-bench questions, the set the EAGLE papers and SGLang report on (~1 minute more)
         whole_sets=("mt-bench",),
         timing_repeats=1,

@@ -102,16 +102,22 @@ class DecodeRun:
 
 
 def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
-    """Every prompt set's first decode_prompts, then each whole set (every prompt, our decoders
-    only), then the sets that also time the transformers baselines: those take minutes on a GPU,
-    so a run cut short by its time budget has lost only them."""
+    """Every prompt set's first decode_prompts (a set in whole_sets: every prompt instead, as
+    '<set>-all'), then the sets that also time the transformers baselines (their first
+    hf_baseline_prompts, under the set's own name): those take minutes on a GPU, so a run cut short
+    by its time budget has lost only them."""
     firsts = [
-        DecodeRun(name, name, preset.decode_prompts, name in preset.hf_baseline_sets)
+        DecodeRun(name, name, preset.decode_prompts, False)
         for name in preset.prompt_sets
+        if name not in preset.whole_sets and name not in preset.hf_baseline_sets
     ]
     wholes = [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
-    runs = [r for r in firsts if not r.with_baselines] + wholes
-    return runs + [r for r in firsts if r.with_baselines]
+    baselines = [
+        DecodeRun(name, name, preset.hf_baseline_prompts or preset.decode_prompts, True)
+        for name in preset.prompt_sets
+        if name in preset.hf_baseline_sets
+    ]
+    return firsts + wholes + baselines
 
 
 def _explained(mismatches: list[Mismatch] | None) -> bool | None:

@@ -67,6 +67,7 @@ FIELD_STAGE: dict[str, str] = {
             "tree_topk",
             "tree_num_draft_tokens",
             "hf_baseline_sets",
+            "hf_baseline_prompts",
             "timing_repeats",
             "whole_sets",
         ),

@@ -114,12 +114,23 @@ def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets_then_the_b
         DecodeRun("chitchat-eval", "chitchat-eval", gpu.decode_prompts, False),
         DecodeRun("humaneval-eval", "humaneval-eval", gpu.decode_prompts, False),
         DecodeRun("mt-bench-all", "mt-bench", None, False),  # our decoders on all 80, no baselines
-        DecodeRun("mt-bench", "mt-bench", gpu.decode_prompts, True),  # the slow baselines last
+        DecodeRun("mt-bench", "mt-bench", gpu.hf_baseline_prompts, True),  # the slow baselines last
     ]
     whole = load_prompt_set(runs[2].prompt_set, runs[2].num_prompts)
     assert len(whole.prompts) == MT_BENCH_COUNT
     first = load_prompt_set(runs[3].prompt_set, runs[3].num_prompts)
-    assert [p.prompt_id for p in whole.prompts[: gpu.decode_prompts]] == [p.prompt_id for p in first.prompts]
+    assert [p.prompt_id for p in whole.prompts[: gpu.hf_baseline_prompts]] == [
+        p.prompt_id for p in first.prompts
+    ]
+    # without the baselines (quickstart --skip-hf-baselines) a whole set is decoded once, whole
+    skipped = decode_runs(get_preset("gpu", hf_baseline_sets=()))
+    assert [(r.name, r.num_prompts) for r in skipped] == [
+        ("chitchat-eval", gpu.decode_prompts), ("humaneval-eval", gpu.decode_prompts), ("mt-bench-all", None),
+    ]  # fmt: skip
+    # a baseline set that is not decoded whole keeps one run; hf_baseline_prompts=0 means decode_prompts
+    cpu_hf = decode_runs(get_preset("cpu", hf_baseline_sets=("humaneval-eval",)))
+    assert cpu_hf[-1] == DecodeRun("humaneval-eval", "humaneval-eval", PRESETS["cpu"].decode_prompts, True)
+    assert [r.name for r in cpu_hf] == ["chitchat-eval", "humaneval-eval"]
     assert [r.name for r in decode_runs(PRESETS["cpu"])] == list(PRESETS["cpu"].prompt_sets)
 
 
@@ -157,3 +168,24 @@ def test_cli_overrides_reach_the_preset(tmp_path):
     ]
     r = CliRunner().invoke(app, [*args, *flags])
     assert isinstance(r.exception, TargetFilesError), r.exception
+
+
+def test_the_gpu_preset_decodes_the_held_out_prompts_its_eval_stage_replays():
+    """decode_prompts covers the eval stage's held-out conversations (eval_conversations per set), so the
+    served tau is measured on the prompts whose answers predicted it, not on a sample of 8."""
+    from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.data.builtin import load_builtin
+
+    gpu = PRESETS["gpu"]
+    for prompt_set, data_set in (("chitchat-eval", "chitchat"), ("humaneval-eval", "humaneval")):
+        replayed = [c.record_id for c in load_builtin(data_set, "eval")[: gpu.eval_conversations]]
+        decoded = [p.prompt_id for p in load_prompt_set(prompt_set, gpu.decode_prompts).prompts]
+        assert decoded == replayed, prompt_set
+    assert len(decoded) == 33  # HumanEval's whole held-out split
+
+
+def test_negative_prompt_counts_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"hf_baseline_prompts must be >= 0, got -1"):
+        get_preset("gpu", hf_baseline_prompts=-1)
+    with pytest.raises(ConfigError, match=r"decode_prompts must be >= 0, got -2"):
+        get_preset("cpu", decode_prompts=-2)

@@ -1,0 +1,81 @@
+"""Where on MT-bench does a draft's chain lose its tokens? The chain's replay over a bench's served
+text, split by the prompts' category (writing, roleplay, reasoning, math, coding, extraction, stem,
+humanities for MT-bench; one group for sets without categories).
+
+The text is the bench's plain method's greedy tokens (`bench.served.bench_plain_text`), which every
+lossless setting serves, so any draft can be scored on it without decoding; the whole-set line equals
+the served replay `eaglewire bench` prints for that draft in float32 (on the H200 in bf16 it came
+within 2% of the measured tau, BENCHMARKS.md 2s and 2u):
+
+    python benchmarks/served_by_category.py --target smollm2 --draft DRAFT \
+        --bench benchmarks/results/h200_quickstart_run19/mt-bench-all/bench.json --out by_category.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from eaglewire.bench.prompts import load_prompt_set
+from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
+from eaglewire.cli.common import run_script
+from eaglewire.draft.io import load_draft
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.target.loading import load_target
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True, help="HF directory, .gguf file or 'smollm2'")
+    ap.add_argument("--draft", type=Path, required=True, help="the draft directory")
+    ap.add_argument("--bench", type=Path, required=True, help="a bench.json with a plain method")
+    ap.add_argument("--chain", type=int, default=5, help="draft tokens per round")
+    ap.add_argument("--dtype", default="float32", help="the target's dtype for the replay")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, help="JSON with one row per category and the whole set")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = json.loads(args.bench.read_text())
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    draft, contract = load_draft(args.draft, device=target.device)
+    draft = float32_draft(draft)
+    prompt_ids, plain = bench_plain_text(bench, target, args.bench)
+    category = {
+        p.prompt_id: p.category or "all"
+        for p in load_prompt_set(bench["prompts"], bench["num_prompts"]).prompts
+    }
+    records = served_records(prompt_ids, plain.runs)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, run in enumerate(plain.runs):
+        groups[category[run.prompt_id]].append(i)
+    rows: list[dict[str, Any]] = []
+    for name, members in [*sorted(groups.items()), ("(whole set)", list(range(len(records))))]:
+        evaluation = evaluate_served(
+            target, draft, contract, [records[i] for i in members], num_steps=args.chain
+        )
+        replay = evaluation.replay_chain(args.chain)
+        acc = evaluation.summary()["acc"]
+        rows.append({"category": name, "prompts": len(members), "tau_chain": replay.tau, "rounds": replay.rounds,
+                     "chain_acceptance": replay.per_position_acceptance, "acc": acc})  # fmt: skip
+        say(f"{name:>12} {len(members):3d} prompts  chain-{args.chain} tau {replay.tau:.3f}  acceptance "
+            + " ".join(f"{a:.2f}" for a in replay.per_position_acceptance)
+            + "  step accuracy " + " ".join(f"{a:.2f}" for a in acc))  # fmt: skip
+    if args.out:
+        atomic_write_json(args.out, {"bench": str(args.bench), "draft": str(args.draft), "dtype": args.dtype,
+                                     "chain": args.chain, "rows": rows})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)

@@ -45,7 +45,8 @@ class QuickstartPreset:
     max_length: int = help_field("tokens per training row")
     batch_size: int = help_field("rows per optimizer step")
     decode_prompts: int = help_field(
-        "the first this many prompts decoded per prompt set (a set in whole_sets is decoded whole instead)"
+        "the first this many prompts decoded per prompt set (0 = all; a set in whole_sets is decoded whole "
+        "instead)"
     )
     decode_max_new_tokens: int = help_field("tokens generated per decoded prompt")
     prompt_sets: tuple[str, ...] = help_field("prompt sets decoded at the end (held-out only)")
@@ -63,8 +64,9 @@ class QuickstartPreset:
         default=0,
     )
     whole_sets: tuple[str, ...] = help_field(
-        "prompt sets also decoded whole (every prompt) by our plain, chain and tree decoders, reported "
-        "as '<set>-all' (the first decode_prompts of MT-bench are all one category, writing)",
+        "prompt sets decoded whole (every prompt) instead of their first decode_prompts, by our plain, "
+        "chain and tree decoders, reported as '<set>-all' (MT-bench's first questions are all one "
+        "category, writing)",
         default=(),
     )
     regen_continuous: bool = help_field(

@@ -22,7 +22,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from eaglewire.bench.prompts import load_prompt_set
 from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
 from eaglewire.cli.common import run_script
 from eaglewire.draft.io import load_draft
@@ -53,14 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     draft, contract = load_draft(args.draft, device=target.device)
     draft = float32_draft(draft)
     prompt_ids, plain = bench_plain_text(bench, target, args.bench)
-    category = {
-        p.prompt_id: p.category or "all"
-        for p in load_prompt_set(bench["prompts"], bench["num_prompts"]).prompts
-    }
     records = served_records(prompt_ids, plain.runs)
     groups: dict[str, list[int]] = defaultdict(list)
-    for i, run in enumerate(plain.runs):
-        groups[category[run.prompt_id]].append(i)
+    for i, run in enumerate(plain.runs):  # each run keeps its prompt's category ("" when it has none)
+        groups[run.category or "all"].append(i)
     rows: list[dict[str, Any]] = []
     for name, members in [*sorted(groups.items()), ("(whole set)", list(range(len(records))))]:
         evaluation = evaluate_served(

@@ -37,6 +37,8 @@
 #               data, one per training lever (LEVERS_ARGS: its --variant flags), scored by the replay
 #               (and on the served texts of the bench runs in LEVERS_SERVED_FROM, e.g.
 #               benchmarks/results/h200_quickstart_run19; LEVERS_EXTRA: more flags, e.g. --tree none)
+#   chain_bench plain and the chain of 5 on all held-out chitchat/HumanEval prompts and all of MT-bench
+#               (CHAIN_BENCH_SETS), on the quickstart's draft (or SWEEP_DRAFT)
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #
@@ -45,7 +47,7 @@
 # stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, ROUND_KERNELS_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
-# LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, SWEEP_TIMEOUT_S,
+# LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, CHAIN_BENCH_SETS, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -308,6 +310,28 @@ do_levers() {
   return "${PIPESTATUS[0]}"
 }
 
+do_chain_bench() {
+  # The issue-5 measure alone: plain and the chain of 5 on the held-out sets and all of MT-bench
+  # (CHAIN_BENCH_SETS, set:first-N with 0 = all), 128 tokens; faster than the quickstart's decode stage,
+  # which also runs the tree and the served predictions. A set whose bench.json came back is skipped.
+  local d spec name n rc=0 tokens=128 sets=${CHAIN_BENCH_SETS:-chitchat-eval:64 humaneval-eval:0 mt-bench:0}
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: chain_bench skipped"; return 1; }
+  [ "$TINY" = 1 ] && { tokens=8 sets=${CHAIN_BENCH_SETS:-chitchat-eval:1}; }
+  for spec in $sets; do
+    name=${spec%%:*} n=${spec##*:}
+    [ -f "$results/chain_bench_$name/bench.json" ] && { say "chain bench $name already done"; continue; }
+    "$PY" -m eaglewire bench --target "$target" --draft "$d" --prompts "$name" --num-prompts "$n" \
+      --methods plain,eagle-chain --chain-steps 5 --max-new-tokens "$tokens" --repeats 1 --no-plots \
+      --out "$runs/chain_bench/$name" 2>&1 | grep --line-buffered -v "Loading weights" | tail -n 20
+    if [ "${PIPESTATUS[0]}" = 0 ]; then
+      mkdir -p "$results/chain_bench_$name" && cp "$runs/chain_bench/$name"/bench.{json,md} "$results/chain_bench_$name/"
+    else
+      rc=1
+    fi
+  done
+  return "$rc"
+}
+
 do_draft_unpack() {
   local parts="$SMOL/draft_parts" out="$runs/carried/draft"
   [ -f "$out/config.json" ] && { say "carried draft already rebuilt: $out"; return 0; }
@@ -337,7 +361,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | sweep | export | gpu_tests)
+    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | sweep | export | gpu_tests)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

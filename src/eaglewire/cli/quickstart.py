@@ -142,6 +142,12 @@ def quickstart(
         "--regen-continuous/--regen-batched",
         help="override: refill generation rows as answers finish (continuous batching) or run batches to their end",
     ),
+    regen_rows: int = typer.Option(
+        None,
+        "--regen-rows",
+        help="override: the most rows one generation forward runs in regeneration and Magpie sampling "
+        "(0 = the engine's default)",
+    ),
     train_compile: bool = typer.Option(
         None,
         "--train-compile/--train-eager",
@@ -195,6 +201,7 @@ def quickstart(
         regen_max_new_tokens=regen_max_new_tokens,
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
+        regen_rows=regen_rows,
         train_compile=train_compile,
         train_ttt_attention=train_ttt_attention,
         train_from_shards=train_from_shards,

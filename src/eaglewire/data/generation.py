@@ -101,13 +101,19 @@ def hf_generate(
     return [row.tolist() for row in out[:, width:].cpu()]
 
 
-def pick_generate_fn(*, continuous: bool = False) -> GenerateFn:
+def pick_generate_fn(*, continuous: bool = False, max_rows: int = 0) -> GenerateFn:
     """The engine's batched plain generation over one runner kept for every call (`hf_generate`,
     transformers' generate, has the same signature). continuous: the engine refills rows as answers
-    finish instead of running each batch to its end."""
+    finish instead of running each batch to its end. max_rows: the most rows one forward runs (0 =
+    the engine's DEFAULT_MAX_BATCH)."""
+    from eaglewire.engine.plain import DEFAULT_MAX_BATCH
     from eaglewire.engine.reused_runner import ReusedRunnerGenerate
 
-    return ReusedRunnerGenerate(continuous=continuous)
+    if max_rows < 0:
+        raise ConfigError(
+            f"pick_generate_fn: max_rows must be >= 0 (0 = {DEFAULT_MAX_BATCH}), got {max_rows}"
+        )
+    return ReusedRunnerGenerate(max_rows or DEFAULT_MAX_BATCH, continuous=continuous)
 
 
 def eos_ids(target: LoadedTarget) -> list[int]:

@@ -175,13 +175,15 @@ def cached_magpie_prompts(
     chat_template: str | None = None,
     show_progress: bool = True,
     opened_fraction: float = 0.0,
+    generate_fn: GenerateFn | None = None,
 ) -> list[Conversation]:
     """Magpie prompts kept in `path` (JSONL): read when present, else sampled and written atomically.
 
     Regeneration reruns reuse the file, so a resumed run answers exactly the same prompts. What they
     were sampled with is kept beside it (`<path>.settings.json`); a rerun asking for other prompts
     (another count, opened share, temperature, top-p, length, seed or template) is refused instead
-    of answering the old ones. The batch size is left out: it sets the pace, not what was asked.
+    of answering the old ones. The batch size (and `generate_fn`'s rows) are left out: they set the
+    pace, not what was asked.
     """
     path = Path(path)
     settings = {
@@ -211,6 +213,7 @@ def cached_magpie_prompts(
             chat_template=chat_template,
             show_progress=show_progress,
             opened_fraction=opened_fraction,
+            generate_fn=generate_fn,
         )
         atomic_write_text(recorded, json.dumps(settings, indent=1) + "\n")  # first: never prompts without it
         atomic_write_text(path, "".join(json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in convs))

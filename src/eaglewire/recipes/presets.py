@@ -87,6 +87,12 @@ class QuickstartPreset:
     draft_intermediate_size: int = help_field(
         "the draft layer's MLP width (0 = the target's, EAGLE-3's default)", default=0
     )
+    regen_rows: int = help_field(
+        "the most rows one generation forward runs, in regeneration and Magpie sampling (0 = the "
+        "engine's default, eaglewire.engine.plain.DEFAULT_MAX_BATCH): more rows, more tokens a decoding "
+        "step, on a GPU for little more time a step",
+        default=0,
+    )
     magpie_opened_fraction: float = help_field(
         "share of the Magpie prompts started with an instruction opening (eaglewire.data.magpie."
         "MAGPIE_OPENINGS: 'Write', 'Solve', 'Act as', ...); 0 = every prompt as the target asks it",
@@ -151,6 +157,10 @@ class QuickstartPreset:
         if not 0.0 <= self.magpie_opened_fraction <= 1.0:
             raise ConfigError(
                 f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"
+            )
+        if self.regen_rows < 0:
+            raise ConfigError(
+                f"preset {self.name!r}: regen_rows must be >= 0 (0 = the engine's default), got {self.regen_rows}"
             )
         for name in ("train_max_seconds", "regen_max_seconds"):
             value = getattr(self, name)

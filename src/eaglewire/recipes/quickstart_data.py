@@ -36,6 +36,7 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
     convs = [first_user_turns(c, p.user_turns) for c in chit] + [first_user_turns(c, 1) for c in code]
     if train and p.magpie_prompts:
         from eaglewire.data.builtin import heldout_split
+        from eaglewire.data.generation import pick_generate_fn
         from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, cached_magpie_prompts
 
         sampling = replace(DEFAULT_MAGPIE_SAMPLING, batch_size=p.regen_batch_size)
@@ -45,6 +46,7 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
             p.magpie_prompts,
             sampling=sampling,
             opened_fraction=p.magpie_opened_fraction,
+            generate_fn=pick_generate_fn(max_rows=p.regen_rows),
         )
         convs += [first_user_turns(c, 1) for c in magpie if heldout_split(c.record_id) == "train"]
     if train and p.regenerate and p.regen_max_seconds > 0:
@@ -96,7 +98,7 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
                 sampling,
                 max_prompt_tokens=max_prompt,
                 max_seconds=budget,
-                generate_fn=pick_generate_fn(continuous=p.regen_continuous),
+                generate_fn=pick_generate_fn(continuous=p.regen_continuous, max_rows=p.regen_rows),
             ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)

@@ -134,12 +134,11 @@ def test_magpie_openings_start_the_chosen_share_of_rows() -> None:
         generate_magpie_prompts(target, 2, sampling=cfg, show_progress=False, opened_fraction=1.5)
 
 
-def test_cached_magpie_prompts_refuse_a_rerun_that_asks_for_other_prompts(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cached_magpie_prompts_refuse_a_rerun_that_asks_for_other_prompts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The cache answers a rerun with the same prompts; one asking for another count or opened share
     is refused, naming both values; another batch size (the pace) reuses them."""
     from dataclasses import replace as dc_replace
 
-    import eaglewire.data.magpie as magpie_module
     from eaglewire.data.magpie import cached_magpie_prompts
 
     calls: list[int] = []
@@ -148,18 +147,14 @@ def test_cached_magpie_prompts_refuse_a_rerun_that_asks_for_other_prompts(tmp_pa
         calls.append(len(prompts))
         return [[5 + (seed * 7 + i + k) % 50 for k in range(12)] + [eos[0]] for i in range(len(prompts))]
 
-    real = magpie_module.generate_magpie_prompts
-    monkeypatch.setattr(
-        magpie_module,
-        "generate_magpie_prompts",
-        lambda *a, **k: real(*a, **k, generate_fn=recording_generate),
-    )
     target = make_tiny_target("llama", num_layers=2)
     cfg = SamplingConfig(max_new_tokens=16, temperature=1.0, top_p=1.0, seed=0, batch_size=4)
     path = tmp_path / "magpie.jsonl"
 
     def sampled(n: int, **kw):  # type: ignore[no-untyped-def]
-        return cached_magpie_prompts(target, path, n, show_progress=False, **{"sampling": cfg, **kw})
+        return cached_magpie_prompts(
+            target, path, n, show_progress=False, generate_fn=recording_generate, **{"sampling": cfg, **kw}
+        )
 
     first = sampled(6)
     assert calls and (tmp_path / "magpie.jsonl.settings.json").exists()

@@ -89,13 +89,19 @@ def test_regeneration_with_continuous_batching_writes_the_same_answers(tmp_path)
     ]
     cfg = SamplingConfig(max_new_tokens=9, temperature=0.0, top_p=1.0, seed=0, batch_size=4)
     answers = {}
-    for continuous in (False, True):
-        out = tmp_path / f"{continuous}.jsonl"
-        fn = pick_generate_fn(continuous=continuous)
+    # (continuous, max_rows): max_rows 2 runs the batches of 4 two rows at a time (regen_rows)
+    for continuous, max_rows in ((False, 0), (True, 0), (True, 2), (False, 2)):
+        out = tmp_path / f"{continuous}_{max_rows}.jsonl"
+        fn = pick_generate_fn(continuous=continuous, max_rows=max_rows)
         regenerate(target, convs, out, cfg, max_prompt_tokens=200, show_progress=False, generate_fn=fn)
-        answers[continuous] = [json.loads(line)["messages"] for line in out.read_text().splitlines()]
-    assert answers[True] == answers[False]
-    assert all(len(m) == 4 for m in answers[True])  # both user turns answered
+        answers[continuous, max_rows] = [
+            json.loads(line)["messages"] for line in out.read_text().splitlines()
+        ]
+        assert fn.runner.max_batch_size == (max_rows or cfg.batch_size)  # type: ignore[attr-defined]
+    assert answers[True, 0] == answers[False, 0] == answers[True, 2] == answers[False, 2]
+    assert all(len(m) == 4 for m in answers[True, 0])  # both user turns answered
+    with pytest.raises(ConfigError, match="max_rows"):
+        pick_generate_fn(max_rows=-1)
 
 
 def test_refill_beside_a_long_row_needs_room_for_its_own_tokens_only(target) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,11 @@ the runner-up): if the misses sit where the target itself is torn, the draft is 
 
     PYTHONPATH=src:. python3 benchmarks/acceptance_by_confidence.py --draft D --prompts chitchat-eval \
         --num-prompts 8 --max-new-tokens 128 --out conf.json
+    PYTHONPATH=src:. python3 benchmarks/acceptance_by_confidence.py --draft D --prompts "" --magpie 96
+
+`--magpie N` adds N Magpie prompts sampled by the target now (another seed than the quickstart's):
+text of the kind the draft trained on, which it never saw. Scored against the training batches'
+own accuracy, that tells memorised data from a draft that cannot fit such text at all.
 
 Prints a Markdown table per prompt set last; writes --out (JSON).
 """
@@ -17,6 +22,7 @@ Prints a Markdown table per prompt set last; writes --out (JSON).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -25,7 +31,7 @@ from typing import Any
 
 import torch
 
-from eaglewire.bench.prompts import encode_prompt, load_prompt_set
+from eaglewire.bench.prompts import BenchPrompt, encode_prompt, load_prompt_set
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.draft.io import load_draft
 from eaglewire.target.capture import capture
@@ -46,6 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=8, help="first N prompts of each set (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
+    p.add_argument("--magpie", type=int, default=0,
+                   help="also score N fresh Magpie prompts the target samples now (set 'magpie-fresh'): text "
+                        "of the training data's own kind that no draft was trained on")  # fmt: skip
+    p.add_argument("--magpie-seed", type=int, default=777,
+                   help="their sampling seed (the quickstart samples with seeds 0 up to its round count)")  # fmt: skip
+    p.add_argument("--magpie-opened-fraction", type=float, default=0.5, help="as the gpu preset")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=Path("acceptance_by_confidence.json"))
     return p.parse_args(argv)
@@ -120,6 +132,17 @@ def score(
     }
 
 
+def fresh_magpie_prompts(target: Any, n: int, seed: int, opened_fraction: float) -> list[BenchPrompt]:
+    """n Magpie prompts sampled now (one round of n rows, `eaglewire.data.magpie`), as bench prompts."""
+    from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, generate_magpie_prompts
+
+    sampling = dataclasses.replace(DEFAULT_MAGPIE_SAMPLING, batch_size=n, seed=seed)
+    convs = generate_magpie_prompts(
+        target, n, sampling=sampling, opened_fraction=opened_fraction, show_progress=False
+    )
+    return [BenchPrompt(c.record_id, (("user", c.messages[0].content),), "magpie") for c in convs]
+
+
 def summarise(parts: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     p1 = torch.cat([x["p1"] for x in parts])
     margin = torch.cat([x["margin"] for x in parts])
@@ -149,6 +172,11 @@ def summarise(parts: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     }
 
 
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    """A table cell: '-' where there was nothing to measure (no near-ties, no misses, an empty bucket)."""
+    return "-" if value is None else format(value, spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -165,9 +193,17 @@ def main(argv: list[str] | None = None) -> int:
         "near_tie_margin": MARGIN_TIE,
         "sets": {},
     }
-    for name in args.prompts.split(","):
-        prompt_set = load_prompt_set(name, args.num_prompts or None)
-        prompts = [encode_prompt(target.tokenizer, p) for p in prompt_set.prompts]
+    prompt_sets = {
+        name: load_prompt_set(name, args.num_prompts or None).prompts
+        for name in args.prompts.split(",")
+        if name
+    }
+    if args.magpie:
+        prompt_sets["magpie-fresh"] = fresh_magpie_prompts(
+            target, args.magpie, args.magpie_seed, args.magpie_opened_fraction
+        )
+    for name, bench_prompts in prompt_sets.items():
+        prompts = [encode_prompt(target.tokenizer, p) for p in bench_prompts]
         answers = greedy_answers(target, prompts, args.max_new_tokens, args.batch_size)
         parts = [
             score(target, draft, contract, p, a) for p, a in zip(prompts, answers, strict=True) if len(a) > 2
@@ -178,14 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     for name, s in result["sets"].items():
         print(f"\n{name}: {s['prompts']} prompts, {s['positions']} answer positions, step-0 accuracy "
-              f"{s['step0_accuracy']:.3f}; near-ties (p1 - p2 < {MARGIN_TIE}) {s['near_tie_share']:.1%} of positions "
-              f"at accuracy {s['near_tie_accuracy']:.3f}, the rest {s['clear_accuracy']:.3f}; "
-              f"{s['misses_at_near_ties']:.1%} of misses at near-ties")  # fmt: skip
+              f"{fmt(s['step0_accuracy'])}; near-ties (p1 - p2 < {MARGIN_TIE}) {fmt(s['near_tie_share'], '.1%')} of "
+              f"positions at accuracy {fmt(s['near_tie_accuracy'])}, the rest {fmt(s['clear_accuracy'])}; "
+              f"{fmt(s['misses_at_near_ties'], '.1%')} of misses at near-ties")  # fmt: skip
         print("| target p1 | share of positions | draft step-0 accuracy |")
         print("|---|---|---|")
         for b in s["buckets"]:
-            acc = "-" if b["step0_accuracy"] is None else f"{b['step0_accuracy']:.3f}"
-            print(f"| {b['p1_from']:.1f}-{b['p1_to']:.1f} | {b['share']:.1%} | {acc} |")
+            print(f"| {b['p1_from']:.1f}-{b['p1_to']:.1f} | {b['share']:.1%} | {fmt(b['step0_accuracy'])} |")
     return 0
 
 

@@ -252,6 +252,9 @@ PRESETS: dict[str, QuickstartPreset] = {
         # (instructions in the target's own distribution); the time budgets, not epochs, decide.
         # 10,000 Magpie prompts made 3.5M loss tokens in all, which a faster trainer would see ~15
         # times in the training budget: 20,000 (sampled at ~55k tok/s, ~1 minute) add ~3M more.
+        # 60,000 (H200 run 22, BENCHMARKS.md 2v: 11.7M loss tokens) left the chains where they were (all
+        # held-out chitchat / HumanEval / MT-bench 3.39 / 3.26 / 2.58 against 3.56 / 3.25 / 2.54): the
+        # draft fits fresh Magpie text no better (step-0 0.714 against 0.704), and the data stage took 199 s more.
         chitchat_conversations=7168,
         humaneval_problems=131,
         magpie_prompts=20000,

@@ -22,7 +22,9 @@ included, without decoding: run 19's texts are in `benchmarks/results/h200_quick
 
 A variant is a name and `field=value` pairs: any `TrainConfig` field, `aux_boundaries` (the target
 boundaries the draft reads; SGLang and vLLM take exactly three) or `draft_intermediate_size`.
-`--set field=value` applies to every variant (the CPU check shrinks the recipe with it). The JSON
+`--set field=value` applies to every variant (the CPU check shrinks the recipe with it; `--set
+max_steps=0 max_seconds=200` trains every variant for the same time instead of the same steps, so a
+variant whose step costs more is charged for it). The JSON
 is rewritten after each variant, and a rerun with the same arguments skips the variants it holds.
 """
 
@@ -191,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, overrides, config, run_args in variants:
         if name in done:
             continue
-        say(f"variant {name} {overrides or '(the preset)'}: {args.steps} steps")
+        length = (
+            f"{config.max_seconds:g} s of training" if config.max_seconds > 0 else f"{config.max_steps} steps"
+        )
+        say(f"variant {name} {overrides or '(the preset)'}: {length}")
         t0 = time.perf_counter()
         trained = run_training(
             target=args.target, data_dir=args.run / "data" / "train", out_dir=work / name, config=config,

@@ -133,7 +133,8 @@ def score(
 
 
 def fresh_magpie_prompts(target: Any, n: int, seed: int, opened_fraction: float) -> list[BenchPrompt]:
-    """n Magpie prompts sampled now (one round of n rows, `eaglewire.data.magpie`), as bench prompts."""
+    """n Magpie prompts sampled now (rounds of n rows until n are kept, `eaglewire.data.magpie`), as
+    bench prompts."""
     from eaglewire.data.magpie import DEFAULT_MAGPIE_SAMPLING, generate_magpie_prompts
 
     sampling = dataclasses.replace(DEFAULT_MAGPIE_SAMPLING, batch_size=n, seed=seed)

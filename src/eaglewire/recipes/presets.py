@@ -90,7 +90,10 @@ class QuickstartPreset:
     regen_rows: int = help_field(
         "the most rows one generation forward runs, in regeneration and Magpie sampling (0 = the "
         "engine's default, eaglewire.engine.plain.DEFAULT_MAX_BATCH): more rows, more tokens a decoding "
-        "step, on a GPU for little more time a step",
+        "step, on a GPU for little more time a step; with regen_continuous, keep regen_batch_size a few "
+        "times larger, or finished rows have no prompt to take next",
+        # 1,024 rows in H200 run 22 (BENCHMARKS.md 2v): Magpie rounds at ~110k tok/s, but regeneration's
+        # batches of 1,024 filled the rows once (64.3k tok/s against 57.8k at 256 rows)
         default=0,
     )
     magpie_opened_fraction: float = help_field(

@@ -20,8 +20,9 @@ and came within 0.74% in bf16 on the H200, BENCHMARKS.md 2s). That is the issue'
 included, without decoding: run 19's texts are in `benchmarks/results/h200_quickstart_run19/*/bench.json`.
 `--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part).
 
-A variant is a name and `field=value` pairs: any `TrainConfig` field, `aux_boundaries` (the target
-boundaries the draft reads; SGLang and vLLM take exactly three) or `draft_intermediate_size`.
+A variant is a name and `field=value` pairs: any `TrainConfig` field (a list as `a,b`, e.g.
+`source_repeats=chitchat:2,humaneval:4`), `aux_boundaries` (the target boundaries the draft reads;
+SGLang and vLLM take exactly three) or `draft_intermediate_size`.
 `--set field=value` applies to every variant (the CPU check shrinks the recipe with it; `--set
 max_steps=0 max_seconds=200` trains every variant for the same time instead of the same steps, so a
 variant whose step costs more is charged for it). The JSON
@@ -85,9 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parse_value(text: str) -> Any:
-    """JSON where it parses (1e-3, true, 0.8), a list of ints for '2,15,30', else the string."""
+    """JSON where it parses (1e-3, true, 0.8), a list for 'a,b,c' (of ints for '2,15,30'), else the
+    string."""
     if "," in text:
-        return [int(v) for v in text.split(",")]
+        items = text.split(",")
+        return [int(v) for v in items] if all(v.strip().lstrip("-").isdigit() for v in items) else items
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -110,6 +113,9 @@ def variant_setup(
     """(the variant's TrainConfig, its run_training arguments); unknown fields name the variant."""
     run_args = {k: overrides[k] for k in RUN_FIELDS if k in overrides}
     fields = {k: v for k, v in overrides.items() if k not in RUN_FIELDS}
+    for name, value in fields.items():  # one item of a tuple field: source_repeats=chitchat:2
+        if isinstance(getattr(base, name, None), tuple) and isinstance(value, str):
+            fields[name] = [value]
     config = from_dict(TrainConfig, {**dataclasses.asdict(base), **fields}, where=where)
     return config, run_args
 

@@ -142,6 +142,12 @@ def quickstart(
         "--regen-continuous/--regen-batched",
         help="override: refill generation rows as answers finish (continuous batching) or run batches to their end",
     ),
+    source_repeats: str = typer.Option(
+        None,
+        "--source-repeats",
+        help="override: weigh the training data's sources, 'SOURCE:N,...' (e.g. chitchat:2,humaneval:4; "
+        "each epoch holds those records N times)",
+    ),
     regen_rows: int = typer.Option(
         None,
         "--regen-rows",
@@ -202,6 +208,7 @@ def quickstart(
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
         regen_rows=regen_rows,
+        source_repeats=None if source_repeats is None else tuple(e for e in source_repeats.split(",") if e),
         train_compile=train_compile,
         train_ttt_attention=train_ttt_attention,
         train_from_shards=train_from_shards,

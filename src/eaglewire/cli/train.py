@@ -74,6 +74,12 @@ def train_command(
         "step (1 for chains; default 0: every row)",
     ),
     epochs: int = typer.Option(None, "--epochs"),
+    source_repeats: str = typer.Option(
+        None,
+        "--source-repeats",
+        help="weigh the data mix: 'SOURCE:N,...' (SOURCE = a record id's prefix before ':', e.g. "
+        "chitchat:2,humaneval:4): each epoch holds those records N times",
+    ),
     max_steps: int = typer.Option(None, "--max-steps", help="cap on optimizer steps (0 = epochs decide)"),
     batch_size: int = typer.Option(None, "--batch-size", help="rows per micro-batch per process"),
     grad_accum_steps: int = typer.Option(None, "--grad-accum-steps"),
@@ -118,6 +124,8 @@ def train_command(
     overrides: dict[str, Any] = {
         field: given[flag] for flag, field in _OVERRIDES.items() if given[flag] is not None
     }
+    if source_repeats is not None:
+        overrides["source_repeats"] = tuple(entry for entry in source_repeats.split(",") if entry)
     cfg = replace(base, **overrides)
     d2t = None
     if vocab_map is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from eaglewire.errors import ConfigError
-from eaglewire.train.config import TTTAttention
+from eaglewire.train.config import TrainConfig, TTTAttention
 from eaglewire.typed_config import help_field
 
 
@@ -120,6 +120,14 @@ class QuickstartPreset:
         default=0.0,
     )
 
+    source_repeats: tuple[str, ...] = help_field(
+        "weights of the training data's sources, 'SOURCE:N' (TrainConfig.source_repeats: each epoch holds "
+        "the records of chitchat, humaneval or magpie N times); () = every record once",
+        # not yet measured: run 22 (BENCHMARKS.md 2v) lost 0.17 of chitchat's chain tau when its share of
+        # the data fell from 28% to 11% of the conversations
+        default=(),
+    )
+
     def __post_init__(self) -> None:
         outside = [s for s in (*self.hf_baseline_sets, *self.whole_sets) if s not in self.prompt_sets]
         if outside:
@@ -161,6 +169,10 @@ class QuickstartPreset:
             raise ConfigError(
                 f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"
             )
+        try:
+            TrainConfig(source_repeats=self.source_repeats)
+        except ConfigError as e:
+            raise ConfigError(f"preset {self.name!r}: {e}") from None
         if self.regen_rows < 0:
             raise ConfigError(
                 f"preset {self.name!r}: regen_rows must be >= 0 (0 = the engine's default), got {self.regen_rows}"

@@ -104,6 +104,7 @@ def train_config(preset: QuickstartPreset) -> TrainConfig:
         compile=p.train_compile,
         ttt_attention=p.train_ttt_attention,
         hard_label_weight=p.hard_label_weight,
+        source_repeats=p.source_repeats,
     )
 
 

@@ -57,6 +57,7 @@ FIELD_STAGE: dict[str, str] = {
             "train_ttt_attention",
             "draft_intermediate_size",
             "hard_label_weight",
+            "source_repeats",
         ),
         "train",
     ),

@@ -5,8 +5,9 @@ back to back. Every token carries a `doc_id` (its record's slot within the row, 
 and a `position` that restarts at 0 in each record, so the TTT masks never let attention or a
 shifted label cross from one record into the next.
 
-The plan for an epoch depends only on (record lengths, seed, epoch, max_length, pack), so a
-resumed run rebuilds exactly the same rows and skips to its saved position.
+The plan for an epoch depends only on (record lengths, seed, epoch, max_length, pack, and the
+repeat count source_repeats gives each record), so a resumed run rebuilds exactly the same rows and
+skips to its saved position.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from eaglewire.errors import DataFormatError, TrainingError
+from eaglewire.errors import ConfigError, DataFormatError, TrainingError
 from eaglewire.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,39 @@ def _shard_lengths(source: Any) -> list[int]:
     return out
 
 
-def epoch_order(num_records: int, *, seed: int, epoch: int) -> list[int]:
-    """A permutation of the records, a pure function of (seed, epoch)."""
+def epoch_order(
+    num_records: int, *, seed: int, epoch: int, repeats: Sequence[int] | None = None
+) -> list[int]:
+    """A permutation of the records, a pure function of (seed, epoch); with `repeats`, record i
+    appears repeats[i] times (TrainConfig.source_repeats), all of them shuffled together."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return [int(i) for i in torch.randperm(num_records, generator=gen)]
+    if repeats is None:
+        return [int(i) for i in torch.randperm(num_records, generator=gen)]
+    if len(repeats) != num_records:
+        raise ValueError(f"epoch_order: {len(repeats)} repeat counts for {num_records} records")
+    slots = [i for i, n in enumerate(repeats) for _ in range(n)]
+    return [slots[int(j)] for j in torch.randperm(len(slots), generator=gen)]
+
+
+def record_repeats(source: RecordSource[Any], config: TrainConfig) -> list[int] | None:
+    """Per record, how many times an epoch holds it (`config.source_repeats`, by the source prefix of
+    its id); None when every record is seen once. A named source no record comes from is refused:
+    a misspelt name would otherwise weigh nothing."""
+    by_source = config.repeats_by_source()
+    if not by_source:
+        return None
+    ids = getattr(source, "record_ids", None)  # TokenizedDataset: a list; ShardDataset: a method
+    ids = ids() if callable(ids) else ids
+    if ids is None:  # a list of records
+        ids = [source[i].record_id for i in range(len(source))]
+    sources = [str(rid).partition(":")[0] for rid in ids]
+    missing = sorted(set(by_source) - set(sources))
+    if missing:
+        raise ConfigError(
+            f"source_repeats names {missing}, but no training record comes from them "
+            f"(the sources here: {sorted(set(sources))})"
+        )
+    return [by_source.get(s, 1) for s in sources]
 
 
 # Rows a packed plan keeps open at once. Next-fit (one open row, closed when the next record does
@@ -279,25 +309,41 @@ def check_resumed_plan(
         )
 
 
-def plan_epochs(lengths: list[int], config: TrainConfig, *, world_size: int) -> list[list[list[Row]]]:
+def plan_epochs(
+    lengths: list[int], config: TrainConfig, *, world_size: int, source: RecordSource[Any] | None = None
+) -> list[list[list[Row]]]:
     """`plan_groups` of each epoch, as far as `config.max_steps` reaches (all `config.epochs` without
     it): a step-bounded run with epochs=10_000 (benchmarks/draft_levers.py) would otherwise order
-    and pack every record 10,000 times before its first step (0.16 s an epoch for 25,867 records)."""
+    and pack every record 10,000 times before its first step (0.16 s an epoch for 25,867 records).
+    `source`: the records, whose ids weigh them when `config.source_repeats` is set (`record_repeats`)."""
+    repeats = record_repeats(source, config) if source is not None else None
+    if repeats is None and config.source_repeats:
+        raise ConfigError(
+            f"source_repeats {list(config.source_repeats)}: plan_epochs got no records to weigh"
+        )
     plans: list[list[list[Row]]] = []
     steps = 0
     for epoch in range(config.epochs):
         if config.max_steps and steps >= config.max_steps:
             break
-        plans.append(plan_groups(lengths, config, epoch=epoch, world_size=world_size))
+        plans.append(plan_groups(lengths, config, epoch=epoch, world_size=world_size, repeats=repeats))
         steps += len(plans[-1])
     return plans
 
 
-def plan_groups(lengths: list[int], config: TrainConfig, *, epoch: int, world_size: int) -> list[list[Row]]:
-    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows)."""
+def plan_groups(
+    lengths: list[int],
+    config: TrainConfig,
+    *,
+    epoch: int,
+    world_size: int,
+    repeats: Sequence[int] | None = None,
+) -> list[list[Row]]:
+    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows);
+    `repeats`: record_repeats' counts."""
     rows = plan_rows(
         lengths,
-        epoch_order(len(lengths), seed=config.seed, epoch=epoch),
+        epoch_order(len(lengths), seed=config.seed, epoch=epoch, repeats=repeats),
         max_length=config.max_length,
         pack=config.pack,
     )

@@ -75,6 +75,12 @@ class TrainConfig:
     batch_size: int = help_field("rows per micro-batch per process", default=1)
     grad_accum_steps: int = help_field("micro-batches per optimizer step per process", default=1)
     epochs: int = help_field("passes over the training records", default=1)
+    source_repeats: tuple[str, ...] = help_field(
+        "'SOURCE:N' entries: every epoch holds each record of SOURCE (its id's prefix before ':', e.g. "
+        "'chitchat' or 'humaneval') N times, shuffled like the rest; unnamed sources once. Weights the "
+        "data mix without writing records twice",
+        default=(),
+    )
     max_steps: int = help_field("stop after this many optimizer steps; 0 = epochs decide", default=0)
     max_seconds: float = help_field(
         "wall-time budget of the training loop, resumes included: stop after the optimizer step that "
@@ -130,6 +136,7 @@ class TrainConfig:
         for name in ("max_steps", "eval_every", "eval_max_records", "checkpoint_every", "align_topk"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected an integer >= 0, got {getattr(self, name)}")
+        self.repeats_by_source()  # checks every entry
         if not 0.0 < self.step_weight_decay <= 1.0:
             raise ConfigError(f"step_weight_decay: expected 0 < value <= 1, got {self.step_weight_decay}")
         if not 0.0 <= self.hard_label_weight <= 1.0:
@@ -160,6 +167,18 @@ class TrainConfig:
                 f"max_length={self.max_length} is too short for ttt_steps={self.ttt_steps}: "
                 f"step s at position t predicts token t+2+s, so rows need at least ttt_steps+2 tokens"
             )
+
+    def repeats_by_source(self) -> dict[str, int]:
+        """source_repeats as {source: N}; a malformed or repeated entry is refused by name."""
+        out: dict[str, int] = {}
+        for entry in self.source_repeats:
+            source, sep, count = entry.rpartition(":")
+            if not sep or not source or not count.isdigit() or int(count) < 1:
+                raise ConfigError(f"source_repeats: expected 'SOURCE:N' with N >= 1, got {entry!r}")
+            if source in out:
+                raise ConfigError(f"source_repeats: {source!r} named twice ({list(self.source_repeats)})")
+            out[source] = int(count)
+        return out
 
     def step_weights(self) -> list[float]:
         """[S] loss weight of each unrolled step."""

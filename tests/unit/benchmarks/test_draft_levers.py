@@ -53,21 +53,28 @@ def levers(
 
 def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "levers.json"
-    variants = (["base"], ["decay1", "step_weight_decay=1.0"], ["aux", "aux_boundaries=1,4,8"])
+    variants = (
+        ["base"],
+        ["decay1", "step_weight_decay=1.0"],
+        ["aux", "aux_boundaries=1,4,8"],
+        ["mix", "source_repeats=rec-1-0:3"],  # make_records' ids have no ':', so each id is its own source
+    )
     done = levers(run_dir, out, *variants)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["base", "decay1", "aux"]
+    assert list(rows) == ["base", "decay1", "aux", "mix"]
     for r in rows.values():
         assert r["optimizer_steps"] == 3
         assert 1.0 <= r["tau_chain"] <= 3.0 and 1.0 <= r["tau_tree"] <= 3.0
         assert r["tau_tree_method"] == "dynamic_tree_replay"  # the engine's drafter over the answers
         assert len(r["acc"]) >= 2
     assert rows["decay1"]["overrides"]["step_weight_decay"] == 1.0
+    config = json.loads((tmp_path / "levers" / "mix" / "train_config.json").read_text())
+    assert config["source_repeats"] == ["rec-1-0:3"]  # one item of a tuple field, as a list
     contract = json.loads((tmp_path / "levers" / "aux" / "draft" / "contract.json").read_text())
     assert contract["aux_boundaries"] == [1, 4, 8]  # the variant's boundaries reached the draft
     again = levers(run_dir, out, *variants)
-    assert again.returncode == 0 and "3 variant(s) already scored" in again.stdout
+    assert again.returncode == 0 and "4 variant(s) already scored" in again.stdout
     assert json.loads(out.read_text())["rows"] == list(rows.values())
 
 

@@ -90,6 +90,24 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
     assert result.exit_code == 0, result.output
     assert seen["preset"].hf_baseline_sets == () and seen["preset"].regen_max_new_tokens == 512
     assert PRESETS["gpu"].regen_max_new_tokens == 256
+    flags = [
+        "quickstart",
+        "--preset",
+        "gpu",
+        "--regen-rows",
+        "1024",
+        "--source-repeats",
+        "chitchat:2,humaneval:4",
+    ]
+    result = CliRunner().invoke(app, flags)
+    assert result.exit_code == 0, result.output
+    assert seen["preset"].regen_rows == 1024 and seen["preset"].source_repeats == (
+        "chitchat:2",
+        "humaneval:4",
+    )
+    from eaglewire.recipes.quickstart import train_config
+
+    assert train_config(seen["preset"]).repeats_by_source() == {"chitchat": 2, "humaneval": 4}
 
 
 def test_an_answer_longer_than_max_length_is_refused_naming_both_fields():
@@ -189,3 +207,10 @@ def test_negative_prompt_counts_are_refused_by_name():
         get_preset("gpu", hf_baseline_prompts=-1)
     with pytest.raises(ConfigError, match=r"decode_prompts must be >= 0, got -2"):
         get_preset("cpu", decode_prompts=-2)
+
+
+def test_malformed_source_repeats_and_negative_rows_are_refused_naming_the_preset():
+    with pytest.raises(ConfigError, match=r"preset 'gpu': source_repeats: expected 'SOURCE:N'.*'chitchat:0'"):
+        get_preset("gpu", source_repeats=("chitchat:0",))
+    with pytest.raises(ConfigError, match="preset 'gpu': regen_rows must be >= 0"):
+        get_preset("gpu", regen_rows=-1)

@@ -1,13 +1,17 @@
 """plan_rows: every record placed once, rows within max_length, slots back to back, the same plan
-for the same arguments, and first-fit over a few open rows filling rows better than next-fit."""
+for the same arguments, and first-fit over a few open rows filling rows better than next-fit; the
+repeats TrainConfig.source_repeats gives records, by the source prefix of their ids."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
-from eaglewire.train.batches import PACK_OPEN_ROWS, epoch_order, plan_rows
+from eaglewire.errors import ConfigError
+from eaglewire.train.batches import PACK_OPEN_ROWS, epoch_order, plan_epochs, plan_rows, record_repeats
+from eaglewire.train.config import TrainConfig
 
 
 def _lengths(n: int, seed: int = 0) -> list[int]:
@@ -54,3 +58,52 @@ def test_next_fit_keeps_record_order_and_unpacked_rows_hold_one_record() -> None
     ]
     with pytest.raises(ValueError, match="open_rows must be >= 1"):
         plan_rows(lengths, range(6), max_length=1024, pack=True, open_rows=0)
+
+
+def test_repeated_records_appear_as_often_as_asked_and_shuffle_with_the_rest() -> None:
+    """source_repeats: record i appears repeats[i] times in an epoch's order, a pure function of
+    (seed, epoch, repeats); without repeats the order is the plain permutation it always was."""
+    repeats = [1, 3, 1, 2]
+    order = epoch_order(4, seed=0, epoch=1, repeats=repeats)
+    assert sorted(order) == [0, 1, 1, 1, 2, 3, 3]
+    assert order == epoch_order(4, seed=0, epoch=1, repeats=repeats)
+    assert order != epoch_order(4, seed=0, epoch=2, repeats=repeats)
+    assert epoch_order(4, seed=0, epoch=1, repeats=[1, 1, 1, 1]) == epoch_order(4, seed=0, epoch=1)
+    with pytest.raises(ValueError, match="3 repeat counts for 4 records"):
+        epoch_order(4, seed=0, epoch=1, repeats=[1, 1, 1])
+
+
+def test_record_repeats_go_by_the_source_prefix_of_each_id() -> None:
+    records = [
+        SimpleNamespace(record_id=rid) for rid in ("chitchat:1", "magpie:ab", "chitchat:2", "humaneval:H/0")
+    ]
+    config = TrainConfig(source_repeats=("chitchat:2", "humaneval:4"))
+    assert record_repeats(records, config) == [2, 1, 2, 4]
+    assert record_repeats(records, TrainConfig()) is None
+    with_ids = SimpleNamespace(
+        record_ids=lambda: ["chitchat:1"], __len__=lambda: 1
+    )  # a ShardDataset's method
+    assert record_repeats(with_ids, TrainConfig(source_repeats=("chitchat:3",))) == [3]
+    with pytest.raises(
+        ConfigError, match=r"names \['chitchats'\].*sources here: \['chitchat', 'humaneval', 'magpie'\]"
+    ):
+        record_repeats(records, TrainConfig(source_repeats=("chitchats:2",)))
+
+
+@pytest.mark.parametrize("entry", ["chitchat", "chitchat:0", ":2", "chitchat:two"])
+def test_malformed_source_repeats_are_refused_by_name(entry: str) -> None:
+    with pytest.raises(ConfigError, match="source_repeats: expected 'SOURCE:N'"):
+        TrainConfig(source_repeats=(entry,))
+    with pytest.raises(ConfigError, match="named twice"):
+        TrainConfig(source_repeats=("a:2", "a:3"))
+
+
+def test_an_epoch_plan_holds_each_repeated_record_as_often_as_asked() -> None:
+    records = [SimpleNamespace(record_id=f"{'ab'[i % 2]}:{i}") for i in range(12)]
+    lengths = [40] * 12
+    config = TrainConfig(source_repeats=("a:3",), max_length=128, batch_size=2)
+    (plan,) = plan_epochs(lengths, config, world_size=1, source=records)
+    placed = [slot.record for group in plan for row in group for slot in row]
+    assert all(placed.count(i) == (3 if i % 2 == 0 else 1) for i in range(12))
+    (plain,) = plan_epochs(lengths, TrainConfig(max_length=128, batch_size=2), world_size=1, source=records)
+    assert sorted(slot.record for group in plain for row in group for slot in row) == list(range(12))

@@ -234,3 +234,22 @@ def test_a_wider_draft_trains_and_a_clashing_width_is_refused(disk, tmp_path):
     res = run([*init, "--draft-intermediate-size", "80"])
     assert res.exit_code == 0, (res.output, res.exception)
     assert json.loads((tmp_path / "d" / "config.json").read_text())["intermediate_size"] == 80
+
+
+def test_source_repeats_weigh_shard_records_by_their_ids(disk, tmp_path):
+    """--source-repeats reads the shards' record ids (make_records' ids have no ':', so each id is its
+    own source): the named records fill more rows, so the same epochs take more optimizer steps; a
+    name no record carries is refused, listing the sources there are."""
+    common = ["train", "--target", str(disk / "target"), "--data", str(disk / "shards")]
+    steps = {}
+    for name, extra in (("plain", []), ("weighted", ["--source-repeats", "rec-1-0:9,rec-1-1:9"])):
+        res = run([*common, "--out", str(tmp_path / name), *extra, *COMMON])
+        assert res.exit_code == 0, (res.output, res.exception)
+        steps[name] = json.loads(res.stdout[res.stdout.index("{") :])["optimizer_steps"]
+    assert steps["weighted"] > steps["plain"]
+    saved = json.loads((tmp_path / "weighted" / "train_config.json").read_text())
+    assert saved["source_repeats"] == ["rec-1-0:9", "rec-1-1:9"]
+    res = run([*common, "--out", str(tmp_path / "typo"), "--source-repeats", "chitchat:2", *COMMON])
+    assert isinstance(res.exception, ConfigError), (res.output, res.exception)
+    assert "names ['chitchat']" in str(res.exception) and "rec-1-0" in str(res.exception)
+    assert not (tmp_path / "typo").exists()  # refused before anything was written

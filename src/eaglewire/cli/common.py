@@ -78,6 +78,12 @@ def parse_int_list(text: str | None, *, what: str) -> list[int] | None:
         raise ConfigError(f"{what}: expected comma-separated integers like 2,15,27, got {text!r}") from None
 
 
+def parse_source_repeats(text: str | None) -> tuple[str, ...] | None:
+    """--source-repeats 'chitchat:2,humaneval:4' -> ('chitchat:2', 'humaneval:4'), for
+    TrainConfig.source_repeats (which checks each entry); None when the flag was not given."""
+    return None if text is None else tuple(entry for entry in text.split(",") if entry)
+
+
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 

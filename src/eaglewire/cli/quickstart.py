@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from eaglewire.cli.common import console, print_json, print_table
+from eaglewire.cli.common import console, parse_source_repeats, print_json, print_table
 from eaglewire.recipes.resume import STAGES
 
 
@@ -208,7 +208,7 @@ def quickstart(
         train_max_seconds=train_max_seconds,
         regen_continuous=regen_continuous,
         regen_rows=regen_rows,
-        source_repeats=None if source_repeats is None else tuple(e for e in source_repeats.split(",") if e),
+        source_repeats=parse_source_repeats(source_repeats),
         train_compile=train_compile,
         train_ttt_attention=train_ttt_attention,
         train_from_shards=train_from_shards,

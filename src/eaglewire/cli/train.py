@@ -11,7 +11,14 @@ from typing import Any
 
 import typer
 
-from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
+from eaglewire.cli.common import (
+    DEVICE_HELP,
+    parse_int_list,
+    parse_source_repeats,
+    print_json,
+    print_table,
+    resolve_device,
+)
 
 # CLI flag -> TrainConfig field. Only flags given on the command line override the config.
 _OVERRIDES = {
@@ -125,7 +132,7 @@ def train_command(
         field: given[flag] for flag, field in _OVERRIDES.items() if given[flag] is not None
     }
     if source_repeats is not None:
-        overrides["source_repeats"] = tuple(entry for entry in source_repeats.split(",") if entry)
+        overrides["source_repeats"] = parse_source_repeats(source_repeats)
     cfg = replace(base, **overrides)
     d2t = None
     if vocab_map is not None:

@@ -22,7 +22,9 @@ included, without decoding: run 19's texts are in `benchmarks/results/h200_quick
 
 A variant is a name and `field=value` pairs: any `TrainConfig` field (a list as `a,b`, e.g.
 `source_repeats=chitchat:2,humaneval:4`), `aux_boundaries` (the target boundaries the draft reads;
-SGLang and vLLM take exactly three) or `draft_intermediate_size`.
+SGLang and vLLM take exactly three), `draft_intermediate_size`, or `draft_vocab_size` (Vd: the
+variant's vocabulary is chosen afresh from RUN/data/train by the quickstart's rule; the row
+records its coverage of the loss tokens).
 `--set field=value` applies to every variant (the CPU check shrinks the recipe with it; `--set
 max_steps=0 max_seconds=200` trains every variant for the same time instead of the same steps, so a
 variant whose step costs more is charged for it). The JSON
@@ -43,7 +45,8 @@ from eaglewire.bench.prediction import predict_setting, predict_tau
 from eaglewire.bench.results import MethodResult
 from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
 from eaglewire.cli.common import run_script
-from eaglewire.data.vocab import load_draft_vocab
+from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.vocab import build_draft_vocab, load_draft_vocab
 from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
@@ -57,6 +60,7 @@ from eaglewire.train.run import run_training
 from eaglewire.typed_config import from_dict
 
 RUN_FIELDS = ("aux_boundaries", "draft_intermediate_size")  # run_training arguments, not TrainConfig fields
+VOCAB_FIELD = "draft_vocab_size"  # a vocabulary chosen from the run's training data, not the run's own
 
 
 def say(message: str) -> None:
@@ -112,7 +116,7 @@ def variant_setup(
 ) -> tuple[TrainConfig, dict[str, Any]]:
     """(the variant's TrainConfig, its run_training arguments); unknown fields name the variant."""
     run_args = {k: overrides[k] for k in RUN_FIELDS if k in overrides}
-    fields = {k: v for k, v in overrides.items() if k not in RUN_FIELDS}
+    fields = {k: v for k, v in overrides.items() if k not in (*RUN_FIELDS, VOCAB_FIELD)}
     for name, value in fields.items():  # one item of a tuple field: source_repeats=chitchat:2
         if isinstance(getattr(base, name, None), tuple) and isinstance(value, str):
             fields[name] = [value]
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [v[0] for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError(f"--variant: names must differ, got {names}")
-    draft_to_target = load_draft_vocab(args.run / "data" / "vocab").draft_to_target
+    run_vocab = load_draft_vocab(args.run / "data" / "vocab")
     work = args.work or args.out.with_suffix("")
     key = {k: str(v) for k, v in vars(args).items() if k != "out"}
     done: dict[str, dict[str, Any]] = {}
@@ -203,14 +207,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{config.max_seconds:g} s of training" if config.max_seconds > 0 else f"{config.max_steps} steps"
         )
         say(f"variant {name} {overrides or '(the preset)'}: {length}")
+        vocab = run_vocab
+        if VOCAB_FIELD in overrides:
+            train_records = TokenizedDataset.load(args.run / "data" / "train")
+            vocab = build_draft_vocab(train_records, int(overrides[VOCAB_FIELD]))
         t0 = time.perf_counter()
         trained = run_training(
             target=args.target, data_dir=args.run / "data" / "train", out_dir=work / name, config=config,
-            draft_to_target=draft_to_target, device=args.device, progress=False, **run_args,
+            draft_to_target=vocab.draft_to_target, device=args.device, progress=False, **run_args,
         )  # fmt: skip
         seconds = time.perf_counter() - t0
         rows.append({"variant": name, "overrides": overrides, "optimizer_steps": trained.optimizer_steps,
                      "tokens": trained.tokens, "train_seconds": round(seconds, 1),
+                     "draft_vocab_size": vocab.size, "vocab_coverage": vocab.stats.get("coverage"),
                      **replay_scores(args.target, trained.draft_dir, args.run / "data" / "eval", chain=args.chain,
                                      tree=tree, horizon=args.horizon, ttt_steps=config.ttt_steps,
                                      max_records=args.eval_max_records, device=args.device)})  # fmt: skip

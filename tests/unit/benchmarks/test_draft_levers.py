@@ -58,11 +58,12 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
         ["decay1", "step_weight_decay=1.0"],
         ["aux", "aux_boundaries=1,4,8"],
         ["mix", "source_repeats=rec-1-0:3"],  # make_records' ids have no ':', so each id is its own source
+        ["vocab", "draft_vocab_size=96"],
     )
     done = levers(run_dir, out, *variants)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["base", "decay1", "aux", "mix"]
+    assert list(rows) == ["base", "decay1", "aux", "mix", "vocab"]
     for r in rows.values():
         assert r["optimizer_steps"] == 3
         assert 1.0 <= r["tau_chain"] <= 3.0 and 1.0 <= r["tau_tree"] <= 3.0
@@ -73,8 +74,12 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
     assert config["source_repeats"] == ["rec-1-0:3"]  # one item of a tuple field, as a list
     contract = json.loads((tmp_path / "levers" / "aux" / "draft" / "contract.json").read_text())
     assert contract["aux_boundaries"] == [1, 4, 8]  # the variant's boundaries reached the draft
+    assert rows["base"]["draft_vocab_size"] == 64 and rows["vocab"]["draft_vocab_size"] == 96
+    assert rows["vocab"]["vocab_coverage"] > rows["base"]["vocab_coverage"]
+    vocab_draft = json.loads((tmp_path / "levers" / "vocab" / "draft" / "config.json").read_text())
+    assert vocab_draft["draft_vocab_size"] == 96  # the variant's own vocabulary reached the draft
     again = levers(run_dir, out, *variants)
-    assert again.returncode == 0 and "4 variant(s) already scored" in again.stdout
+    assert again.returncode == 0 and "5 variant(s) already scored" in again.stdout
     assert json.loads(out.read_text())["rows"] == list(rows.values())
 
 

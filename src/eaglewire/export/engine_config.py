@@ -108,8 +108,11 @@ def read_llama_layer(d: dict[str, Any], where: str, notes: list[str]) -> dict[st
         )
     layers = _int(d, "num_hidden_layers", where, 1)
     if layers != 1:
+        # Not one model across engines either: read 2026-12-03, SGLang's llama_eagle3 (commit 03d5a77) starts a
+        # second layer's residual from the first layer's MLP output alone, vLLM's (00bd149) from the whole stream.
         raise ConfigError(
-            f"{where}: {expected_actual('num_hidden_layers', 1, layers)} (multi-layer drafts are not supported)"
+            f"{where}: {expected_actual('num_hidden_layers', 1, layers)} (multi-layer drafts are not supported: "
+            "SGLang and vLLM compute a second draft layer's input differently)"
         )
     act = d.get("hidden_act", "silu")
     if act != "silu":

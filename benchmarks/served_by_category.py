@@ -1,7 +1,8 @@
 """Where on MT-bench does a draft's chain lose its tokens? The chain's replay over a bench's served
 text, split by the prompts' category (writing, roleplay, reasoning, math, coding, extraction, stem,
 humanities for MT-bench; one group for sets without categories), with each category's accuracy per
-step. `eaglewire bench` reports `tau_by_category` for the draft it decoded with; this scores any draft
+step, its share of labels outside the draft vocabulary, and the chain's tau were those drafted right
+(the most a larger `--draft-vocab-size` could add). `eaglewire bench` reports `tau_by_category` for the draft it decoded with; this scores any draft
 on a text a bench saved, without a GPU (a lost bench, a draft trained since).
 
 The text is the bench's plain method's greedy tokens (`bench.served.bench_plain_text`), which every
@@ -63,11 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         replay = evaluation.replay_chain(args.chain)
         acc = evaluation.summary()["acc"]
+        out_of_vocab = evaluation.out_of_vocab_share()
+        full_vocab = evaluation.without_vocab_misses().tau_chain(args.chain)
         rows.append({"category": name, "prompts": len(members), "tau_chain": replay.tau, "rounds": replay.rounds,
-                     "chain_acceptance": replay.per_position_acceptance, "acc": acc})  # fmt: skip
+                     "chain_acceptance": replay.per_position_acceptance, "acc": acc,
+                     "out_of_vocab_share": out_of_vocab, "tau_chain_full_vocab": full_vocab})  # fmt: skip
         say(f"{name:>12} {len(members):3d} prompts  chain-{args.chain} tau {replay.tau:.3f}  acceptance "
             + " ".join(f"{a:.2f}" for a in replay.per_position_acceptance)
-            + "  step accuracy " + " ".join(f"{a:.2f}" for a in acc))  # fmt: skip
+            + "  step accuracy " + " ".join(f"{a:.2f}" for a in acc)
+            + f"  labels outside the draft vocab {100 * out_of_vocab[0]:.2f}% (tau {full_vocab:.3f} were they drafted right)")  # fmt: skip
     if args.out:
         atomic_write_json(args.out, {"bench": str(args.bench), "draft": str(args.draft), "dtype": args.dtype,
                                      "chain": args.chain, "rows": rows})  # fmt: skip

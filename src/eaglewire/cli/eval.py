@@ -116,6 +116,7 @@ def eval_command(
         **summary,
         "num_steps": num_steps,
         "tau_pred_chain": {k: result.tau_chain(k) for k in range(1, num_steps + 1)},
+        **_vocab_report(result, num_steps),
         **_tree_report(result, setting, nodes, loaded, draft, data, max_records),
     }
     if json_out:
@@ -127,11 +128,16 @@ def eval_command(
             zip(summary["acc"], summary["cond_acc"], summary["valid_rows"], strict=True)
         )
     ]
+    bound = report["tau_pred_chain_full_vocab"]
     print_table(
         f"{draft} on {data}: {summary['records']} records, {summary['tokens']} tokens, "
         f"{summary['oov_masked']} target tokens outside the draft vocab",
         ["draft token", "acc", "cond acc", "positions", "tau_pred (chain of this length)"],
         rows,
+        caption=None
+        if bound is None
+        else f"with every label outside the draft vocab drafted right, the chain of {num_steps} would predict "
+        f"{bound:.3f} (+{bound - result.tau_chain(num_steps):.3f}): the most a larger --draft-vocab-size can add",
     )
     by_turn = result.replay_chain_by_turn(num_steps) if result.has_positions else {}
     if len(by_turn) > 1:  # multi-turn records: a benchmark prompt's answer is a first answer
@@ -150,6 +156,14 @@ def eval_command(
         ]
         print_table("tree", ["nodes", "depth", "tau_pred", "method"], [row],
                     caption=f"answers skipped: {skipped}" if skipped else None)  # fmt: skip
+
+
+def _vocab_report(result: EvalResult, num_steps: int) -> dict[str, Any]:
+    """The labels outside the draft vocabulary per step, and the chain's tau_pred were they drafted right."""
+    if not result.has_positions or num_steps < 1:
+        return {"out_of_vocab_share": None, "tau_pred_chain_full_vocab": None}
+    return {"out_of_vocab_share": result.out_of_vocab_share(),
+            "tau_pred_chain_full_vocab": result.without_vocab_misses().tau_chain(num_steps)}  # fmt: skip
 
 
 def _tree_report(

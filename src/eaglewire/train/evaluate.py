@@ -74,7 +74,7 @@ from torch import nn
 from eaglewire.errors import ConfigError
 from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_rows, record_lengths
 from eaglewire.train.distributed import DistContext, all_gather_objects, all_reduce_sum
-from eaglewire.train.loss import StepCounts
+from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
 from eaglewire.train.replay import (
     Replay,
     chain_tree,
@@ -89,7 +89,6 @@ from eaglewire.train.target_side import TargetSide
 from eaglewire.train.ttt import step_in_range, step_valid
 
 log = logging.getLogger(__name__)
-RANK_CAP = 32767  # ranks are stored as int16
 
 
 FIRST_ANSWER = 1  # `answer` of every record's first response: what a benchmark prompt's answer is
@@ -99,7 +98,9 @@ FIRST_ANSWER = 1  # `answer` of every record's first response: what a benchmark 
 class EvalResult:
     counts: StepCounts
     step_weights: list[float]
-    ranks: torch.Tensor  # [N, S] int16, positions in range at step 0, record slices back to back
+    ranks: (
+        torch.Tensor
+    )  # [N, S] int16 (`loss.stored_rank`), positions in range at step 0, record slices back to back
     valid: torch.Tensor  # [N, S] bool
     records: int
     tokens: int
@@ -149,6 +150,21 @@ class EvalResult:
             }
             out["replay_rounds_by_turn"] = {str(t): r.rounds for t, r in by_turn[self.num_steps].items()}
         return out
+
+    def without_vocab_misses(self) -> EvalResult:
+        """This evaluation as if every label outside the draft vocabulary had been the draft's top-1:
+        its replayed taus bound what a vocabulary holding those tokens (`--draft-vocab-size`) could
+        add. An upper bound: the draft would not draft every such token right."""
+        self._require_positions()
+        misses = self.ranks == OUT_OF_VOCAB_RANK
+        return replace(self, ranks=torch.where(misses, torch.zeros_like(self.ranks), self.ranks))
+
+    def out_of_vocab_share(self) -> list[float]:
+        """Per step: the share of valid rows whose label is outside the draft vocabulary (NaN: none valid)."""
+        self._require_positions()
+        misses = (self.ranks == OUT_OF_VOCAB_RANK) & self.valid  # [N, S]
+        rows = self.valid.sum(0)
+        return [float(m) / int(n) if int(n) else math.nan for m, n in zip(misses.sum(0), rows, strict=True)]
 
     def replay_tree(self, tree: Sequence[Sequence[int]]) -> Replay:
         """The replayed decoding of a static tree (cached per tree)."""
@@ -260,7 +276,7 @@ def evaluate_model(
         tokens += b.num_tokens
         if with_ranks and out.ranks is not None:
             keep = step_in_range(b.doc_ids, 0)  # [B, T]
-            rank_parts.append(out.ranks[:, keep].T.clamp_max(RANK_CAP).to(torch.int16).cpu())  # [N, S]
+            rank_parts.append(out.ranks[:, keep].T.to(torch.int16).cpu())  # [N, S], `stored_rank`
             valid = torch.stack(
                 [step_valid(b.doc_ids, b.loss_mask, s) for s in range(num_steps)]
             )  # [S, B, T]

@@ -179,6 +179,19 @@ def in_top_k(
         return out.view(shape)
 
 
+# Ranks as the evaluation keeps them (int16): in-vocab ranks capped at RANK_CAP, and a marker of its own for
+# a label outside the draft vocabulary (Vd itself would be ambiguous once ranks are capped).
+RANK_CAP = 32766
+OUT_OF_VOCAB_RANK = RANK_CAP + 1
+
+
+def stored_rank(draft_logits: torch.Tensor, target: TargetDistribution) -> torch.Tensor:
+    """[B, T] int64 `target_rank` of every row as the evaluation stores it: capped at RANK_CAP,
+    OUT_OF_VOCAB_RANK where the target token is outside the draft vocabulary."""
+    rank = target_rank(draft_logits, target).clamp_max(RANK_CAP)
+    return torch.where(target.in_vocab, rank, torch.full_like(rank, OUT_OF_VOCAB_RANK))
+
+
 def target_rank(
     draft_logits: torch.Tensor, target: TargetDistribution, scored: torch.Tensor | None = None
 ) -> torch.Tensor:

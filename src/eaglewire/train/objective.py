@@ -15,7 +15,7 @@ from eaglewire.errors import ConfigError
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.train.batches import Batch
 from eaglewire.train.config import TTTAttention
-from eaglewire.train.loss import NUM_COUNTS, in_top_k, step_outcome, target_rank
+from eaglewire.train.loss import NUM_COUNTS, in_top_k, step_outcome, stored_rank
 from eaglewire.train.target_side import TrainInputs
 from eaglewire.train.ttt import StepRows, step_rows, ttt_unroll
 
@@ -37,7 +37,9 @@ def batch_step_rows(batch: Batch, num_steps: int) -> StepRows:
 class ObjectiveOutput:
     loss_sums: torch.Tensor  # [S] summed per-row loss of each step (with grad)
     counts: torch.Tensor  # [S, NUM_COUNTS] float64 (see eaglewire.train.loss.COUNT_FIELDS)
-    ranks: torch.Tensor | None  # [S, B, T] int64 rank of the target token among the draft's logits
+    ranks: (
+        torch.Tensor | None
+    )  # [S, B, T] int64 rank of the target token among the draft's logits (`stored_rank`)
 
 
 # torch.compile's backend for `TTTObjective(compile=True)` (tests without a C++ toolchain swap it)
@@ -126,7 +128,7 @@ class TTTObjective(nn.Module):
                 losses.append(res.loss_sum)
                 counts.append(res.counts)
                 if with_ranks:
-                    ranks.append(target_rank(out.logits.detach(), target))
+                    ranks.append(stored_rank(out.logits.detach(), target))
                 chain_ok = chain_ok & res.correct
                 if self.align_topk > 1:
                     aligned = aligned & in_top_k(logits, target, self.align_topk, scored, chain_ok.shape)

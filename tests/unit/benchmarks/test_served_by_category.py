@@ -68,3 +68,6 @@ def test_categories_add_up_to_the_served_prediction_of_the_whole_set(tmp_path: P
     chain = next(p for p in bench["served_predictions"] if p["method"] == "eagle-chain")
     assert rows["(whole set)"]["tau_chain"] > 1.5  # the chain was accepted: the replay has something to split
     assert rows["(whole set)"]["tau_chain"] == pytest.approx(chain["served_predicted_tau"], rel=1e-9)
+    # this draft predicts the whole vocabulary: no label is outside it, so a larger one adds nothing
+    assert rows["(whole set)"]["out_of_vocab_share"] == [0.0, 0.0]
+    assert rows["(whole set)"]["tau_chain_full_vocab"] == rows["(whole set)"]["tau_chain"]

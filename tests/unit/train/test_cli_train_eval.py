@@ -119,8 +119,12 @@ def test_train_offline_then_eval(disk, tmp_path):
     # the replay by answer: these records hold one answer each, so all of it is the first answer's
     assert list(ev["predicted_tau_chain_by_turn"]) == ["1"]
     assert ev["predicted_tau_chain_by_turn"]["1"][1] == pytest.approx(ev["tau_pred_chain"]["2"])
+    # labels outside the draft vocabulary: their share per step, and the chain's bound were they drafted right
+    assert len(ev["out_of_vocab_share"]) == 2 and all(0.0 <= x <= 1.0 for x in ev["out_of_vocab_share"])
+    assert ev["tau_pred_chain_full_vocab"] >= ev["tau_pred_chain"]["2"]
     text = run([a for a in args if a != "--json"])
     assert text.exit_code == 0 and "by answer" not in text.output, (text.output, text.exception)
+    assert "the most a larger --draft-vocab-size can add" in " ".join(text.output.split())
     # --horizon replays only the first N tokens of each response (a decoder's max_new_tokens)
     short = run([*args, "--horizon", "3"])
     assert short.exit_code == 0, (short.output, short.exception)

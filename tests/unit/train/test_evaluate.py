@@ -10,7 +10,7 @@ import torch
 from eaglewire.draft.init import init_draft
 from eaglewire.errors import ConfigError
 from eaglewire.train.evaluate import EvalResult, evaluate_draft
-from eaglewire.train.loss import StepCounts
+from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
 from eaglewire.train.replay import (
     accepted_drafts,
     chain_tree,
@@ -78,6 +78,19 @@ def test_replay_chain_on_clustered_errors():
     r1 = replay_tree(ranks, valid, [13], chain_tree(1))
     # t = 0,1,2,3,4 (0), 5 (1) -> 7 (1) -> 9 (1) -> 11 (1) -> 13: 9 rounds, 5 + 8 tokens
     assert (r1.rounds, r1.tokens, r1.per_position_acceptance) == (9, 13, [4 / 9])
+
+
+def test_without_vocab_misses_accepts_the_out_of_vocab_labels():
+    # The clustered response above with its hard stretch's first drafts out of the draft vocabulary:
+    # drafted right, rows 0-4 accept their first draft (their second stays wrong).
+    ranks = torch.tensor([[OUT_OF_VOCAB_RANK, 1]] * 5 + [[0, 0]] * 8, dtype=torch.int16)
+    res = EvalResult(StepCounts(2), [1.0, 1.0], ranks, _region(13, 2), records=1, tokens=13, segments=(13,))
+    assert res.out_of_vocab_share() == pytest.approx([5 / 13, 0.0])
+    assert res.tau_chain(2) == pytest.approx(14 / 8)  # as in test_replay_chain_on_clustered_errors
+    full = res.without_vocab_misses()
+    # rounds at t = 0 (2 tokens), 2, 4 (2 each), 6, 9 (3 each), 12 (2: its second draft is past the end)
+    assert (full.replay_chain(2).rounds, full.replay_chain(2).tokens) == (6, 14)
+    assert full.ranks[:, 0].tolist() == [0] * 13 and full.ranks[:, 1].tolist() == ranks[:, 1].tolist()
 
 
 def test_replay_horizon_stops_rounds_like_max_new_tokens():
@@ -222,6 +235,11 @@ def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
     assert expected_oov > 0
     oov_step0 = int(res.counts.table[0, 2])
     assert oov_step0 == expected_oov
+    assert res.out_of_vocab_share()[0] == pytest.approx(expected_oov / int(res.valid[:, 0].sum()))
+    # every out-of-vocab label drafted right: the replay can only gain, and gains here (OOV rows exist)
+    full = res.without_vocab_misses()
+    assert full.out_of_vocab_share() == [0.0, 0.0, 0.0] and full.ranks.dtype == res.ranks.dtype
+    assert full.tau_chain(3) > res.tau_chain(3) and res.tau_chain(3) == res.replay_chain(3).tau  # own cache
     # the rank table and the count table agree: chain estimate from cond_acc == tree estimate of the chain
     for k in (1, 2, 3):
         assert res.position_averaged_tau_chain(k) == pytest.approx(

@@ -7,9 +7,12 @@ import math
 import torch
 
 from eaglewire.train.loss import (
+    OUT_OF_VOCAB_RANK,
+    RANK_CAP,
     StepCounts,
     restrict_target_logits,
     step_outcome,
+    stored_rank,
     target_rank,
     target_to_draft,
 )
@@ -73,6 +76,9 @@ def test_rank_and_conditional_accuracy():
     dist = restrict_target_logits(hand_target(), D2T, T2D)
     draft_logits = torch.tensor([[[0.0, 2.0, 1.0], [5.0, 0.0, 0.0], [0.0, 3.0, 1.0], [4.0, 0.0, 0.0]]])
     assert target_rank(draft_logits, dist)[0].tolist() == [0, 3, 1, 3]
+    # as the evaluation stores them: the out-of-vocab rows get a marker no in-vocab rank can reach
+    assert stored_rank(draft_logits, dist)[0].tolist() == [0, OUT_OF_VOCAB_RANK, 1, OUT_OF_VOCAB_RANK]
+    assert RANK_CAP < OUT_OF_VOCAB_RANK <= torch.iinfo(torch.int16).max
     # two steps: step 0 right at rows {0, 1}, step 1 right at rows {1, 2}
     counts = StepCounts(2)
     valid = torch.ones(1, 3, dtype=torch.bool)

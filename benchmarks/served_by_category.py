@@ -2,8 +2,9 @@
 text, split by the prompts' category (writing, roleplay, reasoning, math, coding, extraction, stem,
 humanities for MT-bench; one group for sets without categories), with each category's accuracy per
 step, its share of labels outside the draft vocabulary, and the chain's tau were those drafted right
-(the most a larger `--draft-vocab-size` could add). `eaglewire bench` reports `tau_by_category` for the draft it decoded with; this scores any draft
-on a text a bench saved, without a GPU (a lost bench, a draft trained since).
+(the most a larger `--draft-vocab-size` could add). `eaglewire bench` reports `tau_by_category` for
+the draft it decoded with; this scores any draft on a text a bench saved, without a GPU (a lost
+bench, a draft trained since).
 
 The text is the bench's plain method's greedy tokens (`bench.served.bench_plain_text`), which every
 lossless setting serves, so any draft can be scored on it without decoding; the whole-set line equals

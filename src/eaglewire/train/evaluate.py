@@ -98,9 +98,8 @@ FIRST_ANSWER = 1  # `answer` of every record's first response: what a benchmark 
 class EvalResult:
     counts: StepCounts
     step_weights: list[float]
-    ranks: (
-        torch.Tensor
-    )  # [N, S] int16 (`loss.stored_rank`), positions in range at step 0, record slices back to back
+    # [N, S] int16 (`loss.stored_rank`), positions in range at step 0, record slices back to back
+    ranks: torch.Tensor
     valid: torch.Tensor  # [N, S] bool
     records: int
     tokens: int

@@ -37,9 +37,7 @@ def batch_step_rows(batch: Batch, num_steps: int) -> StepRows:
 class ObjectiveOutput:
     loss_sums: torch.Tensor  # [S] summed per-row loss of each step (with grad)
     counts: torch.Tensor  # [S, NUM_COUNTS] float64 (see eaglewire.train.loss.COUNT_FIELDS)
-    ranks: (
-        torch.Tensor | None
-    )  # [S, B, T] int64 rank of the target token among the draft's logits (`stored_rank`)
+    ranks: torch.Tensor | None  # [S, B, T] int64 `stored_rank` of the target token among the draft's logits
 
 
 # torch.compile's backend for `TTTObjective(compile=True)` (tests without a C++ toolchain swap it)

@@ -310,16 +310,15 @@ def check_resumed_plan(
 
 
 def plan_epochs(
-    lengths: list[int], config: TrainConfig, *, world_size: int, source: RecordSource[Any] | None = None
+    lengths: list[int], config: TrainConfig, *, world_size: int, repeats: Sequence[int] | None = None
 ) -> list[list[list[Row]]]:
     """`plan_groups` of each epoch, as far as `config.max_steps` reaches (all `config.epochs` without
     it): a step-bounded run with epochs=10_000 (benchmarks/draft_levers.py) would otherwise order
     and pack every record 10,000 times before its first step (0.16 s an epoch for 25,867 records).
-    `source`: the records, whose ids weigh them when `config.source_repeats` is set (`record_repeats`)."""
-    repeats = record_repeats(source, config) if source is not None else None
+    `repeats`: `record_repeats(records, config)`, required when `config.source_repeats` is set."""
     if repeats is None and config.source_repeats:
         raise ConfigError(
-            f"source_repeats {list(config.source_repeats)}: plan_epochs got no records to weigh"
+            f"source_repeats {list(config.source_repeats)}: plan_epochs got no repeat counts (record_repeats)"
         )
     plans: list[list[list[Row]]] = []
     steps = 0

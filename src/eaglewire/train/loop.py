@@ -117,7 +117,7 @@ class Trainer:
                 fix="train on a dataset built with --split train; pass this one as eval data",
             )
         target_side.verify(draft_contract)
-        record_repeats(data, config)  # a source_repeats name no record carries: refused before any write
+        repeats = record_repeats(data, config)  # a misnamed source is refused before any write
         ckpt = start_or_resume(
             self.out_dir, config, resume=resume, is_main=ctx.is_main, barrier=lambda: barrier(ctx)
         )
@@ -127,7 +127,7 @@ class Trainer:
             )  # with any resume-mutable field the caller changed
         self.weights = config.step_weights()
         self.lengths = record_lengths(data)
-        self.plans = plan_epochs(self.lengths, config, world_size=ctx.world_size, source=data)
+        self.plans = plan_epochs(self.lengths, config, world_size=ctx.world_size, repeats=repeats)
         total = sum(len(p) for p in self.plans)
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         if self.total_steps == 0:

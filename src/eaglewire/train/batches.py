@@ -12,7 +12,6 @@ skips to its saved position.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from eaglewire.errors import ConfigError, DataFormatError, TrainingError
+from eaglewire.errors import ConfigError, DataFormatError
 from eaglewire.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -274,86 +273,3 @@ def split_for_rank(
         if part:
             out.append(part)
     return out
-
-
-def plan_sha256(groups: Sequence[Sequence[Row]]) -> str:
-    """sha256 of one epoch's plan: which records (and how many of their tokens) each row of each
-    step holds. A checkpoint keeps it for its epoch, so a resume whose plan differs (other data or
-    lengths, another packing rule) is refused instead of continuing at a position that now points
-    at other records."""
-    digest = hashlib.sha256()
-    for group in groups:
-        for row in group:
-            digest.update(b"r" + b",".join(b"%d:%d" % (s.record, s.length) for s in row))
-        digest.update(b"|")
-    return digest.hexdigest()
-
-
-def epoch_plan_sha256(plans: Sequence[Sequence[Sequence[Row]]], epoch: int) -> str | None:
-    """plan_sha256 of `plans[epoch]`; None past the last epoch (a checkpoint taken after training)."""
-    return plan_sha256(plans[epoch]) if epoch < len(plans) else None
-
-
-def check_resumed_plan(
-    saved: str | None, plans: Sequence[Sequence[Sequence[Row]]], epoch: int, group: int, where: Path
-) -> None:
-    """Refuse resuming checkpoint `where` at (epoch, group) when that epoch's plan is not the one it
-    saved (`saved`: its epoch_plan_sha256; None in checkpoints before 2026-12-01, which kept none)."""
-    now = epoch_plan_sha256(plans, epoch)
-    if saved is not None and now is not None and now != saved:
-        raise TrainingError(
-            f"{where}: epoch {epoch}'s plan of rows (sha256 {saved[:12]}) differs from this launch's "
-            f"({now[:12]}): the records, their lengths or the packing rule changed, so the saved position "
-            f"(epoch {epoch}, step {group} of it) would point at other records",
-            fix="resume with the data and eaglewire version the run started with, or start a new run (another --out)",
-        )
-
-
-def plan_epochs(
-    lengths: list[int], config: TrainConfig, *, world_size: int, repeats: Sequence[int] | None = None
-) -> list[list[list[Row]]]:
-    """`plan_groups` of each epoch, as far as `config.max_steps` reaches (all `config.epochs` without
-    it): a step-bounded run with epochs=10_000 (benchmarks/draft_levers.py) would otherwise order
-    and pack every record 10,000 times before its first step (0.16 s an epoch for 25,867 records).
-    `repeats`: `record_repeats(records, config)`, required when `config.source_repeats` is set."""
-    if repeats is None and config.source_repeats:
-        raise ConfigError(
-            f"source_repeats {list(config.source_repeats)}: plan_epochs got no repeat counts (record_repeats)"
-        )
-    plans: list[list[list[Row]]] = []
-    steps = 0
-    for epoch in range(config.epochs):
-        if config.max_steps and steps >= config.max_steps:
-            break
-        plans.append(plan_groups(lengths, config, epoch=epoch, world_size=world_size, repeats=repeats))
-        steps += len(plans[-1])
-    return plans
-
-
-def plan_groups(
-    lengths: list[int],
-    config: TrainConfig,
-    *,
-    epoch: int,
-    world_size: int,
-    repeats: Sequence[int] | None = None,
-) -> list[list[Row]]:
-    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows);
-    `repeats`: record_repeats' counts."""
-    rows = plan_rows(
-        lengths,
-        epoch_order(len(lengths), seed=config.seed, epoch=epoch, repeats=repeats),
-        max_length=config.max_length,
-        pack=config.pack,
-    )
-    size = world_size * config.grad_accum_steps * config.batch_size
-    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
-    if world_size > 1 and groups and len(groups[-1]) < size:
-        log.info(
-            "epoch %d: dropping the last %d rows (an incomplete step across %d processes)",
-            epoch,
-            len(groups[-1]),
-            world_size,
-        )
-        groups.pop()
-    return groups

@@ -20,6 +20,8 @@ work overlaps this step's device work instead of leaving the device idle between
 Wall-time budget (`max_seconds`): the training time of the run, resumes included (saved with each
 checkpoint), stops it after the step that passes the budget, and the learning-rate schedule
 follows it (`eaglewire.train.schedule`), so a run cut by the clock still ends at the low rate.
+Such a run plans each epoch when it gets there and estimates the schedule's steps
+(`eaglewire.train.epoch_plans`); it ends by the clock or when its epochs run out.
 """
 
 from __future__ import annotations
@@ -44,15 +46,7 @@ from eaglewire.draft.io import check_draft_matches_contract, save_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.train.batches import (
-    RecordSource,
-    Row,
-    check_resumed_plan,
-    epoch_plan_sha256,
-    plan_epochs,
-    record_lengths,
-    record_repeats,
-)
+from eaglewire.train.batches import RecordSource, Row, record_lengths, record_repeats
 from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import (
@@ -65,6 +59,7 @@ from eaglewire.train.distributed import (
     set_gradient_sync,
     wrap_model,
 )
+from eaglewire.train.epoch_plans import EpochPlans, check_resumed_plan, epoch_plan_sha256
 from eaglewire.train.evaluate import EvalResult, eval_rows, evaluate_model
 from eaglewire.train.loss import NUM_COUNTS, StepCounts
 from eaglewire.train.objective import TTTObjective, autocast_for
@@ -127,9 +122,9 @@ class Trainer:
             )  # with any resume-mutable field the caller changed
         self.weights = config.step_weights()
         self.lengths = record_lengths(data)
-        self.plans = plan_epochs(self.lengths, config, world_size=ctx.world_size, repeats=repeats)
-        total = sum(len(p) for p in self.plans)
-        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        self.plans = EpochPlans(self.lengths, config, world_size=ctx.world_size, repeats=repeats)
+        # the schedule's length; an estimate in a time-bounded run, which then ends by clock or epochs
+        self.total_steps, self.exact_total = self.plans.schedule_steps()
         if self.total_steps == 0:
             raise ConfigError(
                 f"no optimizer steps: {len(self.lengths)} records make no complete step "
@@ -217,7 +212,7 @@ class Trainer:
 
     def _upcoming(self) -> tuple[int, int] | None:
         """(epoch, group) of the optimizer step after the current one, None when this is the last."""
-        if self.step + 1 >= self.total_steps:
+        if self.exact_total and self.step + 1 >= self.total_steps:
             return None
         return next_group(self.plans, self.epoch, self.group)
 
@@ -365,7 +360,7 @@ class Trainer:
         prepared: StepInputs | None = None  # the current step's inputs, prepared during the last step
         started = perf_counter()
         try:
-            while self.step < self.total_steps and self.epoch < len(self.plans):
+            while (self.step < self.total_steps or not self.exact_total) and self.epoch < len(self.plans):
                 self._clock(started)
                 if cfg.max_seconds and self.elapsed >= cfg.max_seconds:
                     log.info(

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from eaglewire.errors import ConfigError
-from eaglewire.train.batches import PACK_OPEN_ROWS, epoch_order, plan_epochs, plan_rows, record_repeats
+from eaglewire.train.batches import PACK_OPEN_ROWS, epoch_order, plan_rows, record_repeats
 from eaglewire.train.config import TrainConfig
 
 
@@ -96,14 +96,3 @@ def test_malformed_source_repeats_are_refused_by_name(entry: str) -> None:
         TrainConfig(source_repeats=(entry,))
     with pytest.raises(ConfigError, match="named twice"):
         TrainConfig(source_repeats=("a:2", "a:3"))
-
-
-def test_an_epoch_plan_holds_each_repeated_record_as_often_as_asked() -> None:
-    records = [SimpleNamespace(record_id=f"{'ab'[i % 2]}:{i}") for i in range(12)]
-    lengths = [40] * 12
-    config = TrainConfig(source_repeats=("a:3",), max_length=128, batch_size=2)
-    (plan,) = plan_epochs(lengths, config, world_size=1, repeats=record_repeats(records, config))
-    placed = [slot.record for group in plan for row in group for slot in row]
-    assert all(placed.count(i) == (3 if i % 2 == 0 else 1) for i in range(12))
-    (plain,) = plan_epochs(lengths, TrainConfig(max_length=128, batch_size=2), world_size=1)
-    assert sorted(slot.record for group in plain for row in group for slot in row) == list(range(12))

@@ -16,6 +16,7 @@ from eaglewire.errors import ConfigError, ContractMismatchError, TrainingError
 from eaglewire.target.identity import build_contract
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import init_distributed
+from eaglewire.train.epoch_plans import EpochPlans
 from eaglewire.train.loop import Trainer, train
 from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
 
@@ -139,7 +140,7 @@ def test_resume_refuses_a_plan_that_no_longer_lines_up(
     """The checkpoint keeps its epoch's plan of rows (sha256): resuming over the records in another
     order (a rebuilt dataset) or under another packing rule is refused, naming the epoch and both
     hashes, instead of continuing at a position that now points at other records."""
-    import eaglewire.train.batches as batches
+    import eaglewire.train.epoch_plans as epoch_plans
 
     cfg = replace(FAST, epochs=2, checkpoint_every=1)
     draft = init_draft(tiny_target, tiny_contract, seed=0)
@@ -152,9 +153,9 @@ def test_resume_refuses_a_plan_that_no_longer_lines_up(
         train(
             cfg, draft, tiny_contract, captured_records[::-1], side, out_dir=run, resume=True, progress=False
         )
-    first_fit = batches.plan_rows
+    first_fit = epoch_plans.plan_rows
     with monkeypatch.context() as m:  # the rule before 2026-12-01: next-fit
-        m.setattr(batches, "plan_rows", lambda *a, **k: first_fit(*a, **{**k, "open_rows": 1}))
+        m.setattr(epoch_plans, "plan_rows", lambda *a, **k: first_fit(*a, **{**k, "open_rows": 1}))
         with pytest.raises(TrainingError, match="packing rule changed"):
             train(cfg, draft, tiny_contract, captured_records, side, out_dir=run, resume=True, progress=False)
     res = train(cfg, draft, tiny_contract, captured_records, side, out_dir=run, resume=True, progress=False)
@@ -418,13 +419,13 @@ def test_a_step_bounded_run_plans_only_the_epochs_it_reaches(
         resume=False,
         ctx=init_distributed("cpu"),
     )
-    per_epoch = len(trainer.plans[0])
-    assert len(trainer.plans) == -(-bounded.max_steps // per_epoch) < bounded.epochs
-    assert trainer.total_steps == bounded.max_steps
+    reached = -(-bounded.max_steps // len(trainer.plans[0]))
+    assert (trainer.total_steps, trainer.exact_total) == (bounded.max_steps, True)
     res = trainer.run(stop_after_steps=None, progress=False)
+    assert trainer.plans.planned <= 2 * reached  # counted once for the schedule, once when trained
     exact = init_draft(tiny_target, tiny_contract, seed=0)
     res_exact = train(
-        replace(bounded, epochs=len(trainer.plans)),
+        replace(bounded, epochs=reached),
         exact,
         tiny_contract,
         captured_records,
@@ -435,3 +436,44 @@ def test_a_step_bounded_run_plans_only_the_epochs_it_reaches(
     assert res.optimizer_steps == res_exact.optimizer_steps == bounded.max_steps
     for (name, a), b in zip(draft.state_dict().items(), exact.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def _trainer(cfg, target, contract, records, out_dir):
+    draft = init_draft(target, contract, seed=0)
+    side = offline(target, contract, draft)
+    return Trainer(cfg, draft, contract, records, side, out_dir=out_dir, eval_data=None, resume=False,
+                   ctx=init_distributed("cpu"))  # fmt: skip
+
+
+def test_a_time_bounded_run_plans_each_epoch_when_it_gets_there(
+    tiny_target, tiny_contract, captured_records, tmp_path
+):
+    """max_seconds with epochs=10_000 (draft_levers.py --set max_steps=0 max_seconds=200): the clock
+    ends the run, and only the epochs it reached were planned (all 10,000 first cost an H200 lever
+    screen its 900 s on 2026-12-03 without a trained step)."""
+    timed = replace(FAST, epochs=10_000, max_seconds=1.0)
+    trainer = _trainer(timed, tiny_target, tiny_contract, captured_records, tmp_path / "timed")
+    assert (trainer.total_steps, trainer.exact_total) == (len(trainer.plans[0]) * 10_000, False)
+    assert trainer.plans.planned == 1
+    res = trainer.run(stop_after_steps=None, progress=False)
+    assert 0 < res.optimizer_steps < trainer.total_steps and trainer.elapsed >= timed.max_seconds
+    assert trainer.plans.planned <= trainer.epoch + 2  # epoch 0 twice at most, and the one prefetched
+
+
+def test_a_time_bounded_run_whose_epochs_run_out_trains_every_step_of_them(
+    tiny_target, tiny_contract, captured_records, tmp_path
+):
+    """The schedule's estimate (epochs x the first epoch's steps) neither cuts a run whose later
+    epochs pack into more steps nor stretches one into steps that do not exist."""
+    lengths = [len(r.input_ids) for r in captured_records]
+    for seed in range(200):  # one record a step, so an epoch's steps are its packed rows, which vary by order
+        cfg = replace(FAST, batch_size=1, epochs=2, max_seconds=3600.0, seed=seed)
+        plans = EpochPlans(lengths, cfg, world_size=1)
+        if len(plans[1]) > len(plans[0]):  # the estimate falls short: the run must not stop at it
+            break
+    else:
+        pytest.fail("no seed below 200 packs epoch 1 of these records into more rows than epoch 0")
+    trainer = _trainer(cfg, tiny_target, tiny_contract, captured_records, tmp_path / "timed")
+    assert trainer.total_steps == 2 * len(plans[0]) and not trainer.exact_total
+    res = trainer.run(stop_after_steps=None, progress=False)
+    assert res.optimizer_steps == len(plans[0]) + len(plans[1])

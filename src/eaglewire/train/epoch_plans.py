@@ -57,9 +57,9 @@ def plan_groups(
 
 
 class EpochPlans(Sequence[Groups]):
-    """`plan_groups` of epochs 0 .. config.epochs - 1, each planned on first access. Only the
-    epochs the loop may still ask for are kept (the one asked for and the one before it), so a long
-    run holds two plans, not all of them."""
+    """`plan_groups` of epochs 0 .. config.epochs - 1, each planned on first access. Asking for
+    epoch e drops the plans before e - 1 (the loop looks back one epoch at most: a checkpoint at the
+    end of an epoch whose successor is already prefetched), so a long run holds a few plans, not all."""
 
     def __init__(
         self,

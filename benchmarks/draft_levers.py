@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,8 @@ def served_scores(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # the library's progress lines (each variant's epoch plan and schedule, its evaluation): a stall shows where
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     tree = None if args.tree == "none" else SpecArgs(*(int(x) for x in args.tree.split(",")))
     if args.preset not in PRESETS:
         raise ConfigError(f"--preset: expected one of {sorted(PRESETS)}, got {args.preset!r}")

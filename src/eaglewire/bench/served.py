@@ -164,9 +164,11 @@ def evaluate_served(
     records: Sequence[TokenizedRecord],
     *,
     num_steps: int,
+    precision: str = "auto",
 ) -> EvalResult:
     """`evaluate_draft` (online target side, per-position ranks kept) over `records`, packed into rows
-    as long as the longest record, BATCH_TOKENS tokens per forward. `draft` is used as given."""
+    as long as the longest record, BATCH_TOKENS tokens per forward. `draft` is used as given, under
+    `precision`'s autocast (`objective.autocast_for`: 'auto' is bf16 on CUDA, float32 elsewhere)."""
     from eaglewire.train.evaluate import evaluate_draft
     from eaglewire.train.target_side import OnlineTarget
 
@@ -182,6 +184,7 @@ def evaluate_served(
         max_length=longest,
         pack=True,
         device=target.device,
+        precision=precision,
     )
 
 

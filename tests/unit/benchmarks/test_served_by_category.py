@@ -71,3 +71,18 @@ def test_categories_add_up_to_the_served_prediction_of_the_whole_set(tmp_path: P
     # this draft predicts the whole vocabulary: no label is outside it, so a larger one adds nothing
     assert rows["(whole set)"]["out_of_vocab_share"] == [0.0, 0.0]
     assert rows["(whole set)"]["tau_chain_full_vocab"] == rows["(whole set)"]["tau_chain"]
+    # replayed on the device and dtype that served it, the text is the replay target's own greedy text
+    assert [rows[c]["served_token_differs_share"] for c in rows] == [0.0, 0.0, 0.0]
+    # the draft under bf16 autocast (as the H200's replay runs it): the same split, a nearby tau
+    out_bf16 = tmp_path / "by_category_bf16.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--target", str(target_dir), "--draft", str(draft_dir), "--bench",
+         str(tmp_path / "bench" / "bench.json"), "--chain", "2", "--precision", "bf16", "--out", str(out_bf16)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = json.loads(out_bf16.read_text())
+    assert saved["precision"] == "bf16"
+    bf16 = {row["category"]: row for row in saved["rows"]}
+    assert list(bf16) == list(rows)
+    assert bf16["(whole set)"]["tau_chain"] == pytest.approx(rows["(whole set)"]["tau_chain"], rel=0.2)

@@ -37,6 +37,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -232,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         atomic_write_json(args.out, {"args": key, "rows": rows})
     served_names = list(texts) or sorted({n for r in rows for n in r.get("served", {})})
+    # the benches' shared prefix (full_run.sh's "chain_bench_") would fill the column headers
+    cut = len(os.path.commonprefix(served_names)) if len(served_names) > 1 else 0
     print(f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  "
-          + "".join(f"{n[:12] + ' chain':>19}" for n in served_names) + "  held-out acc per step")  # fmt: skip
+          + "".join(f"{n[cut:][:13] + ' chain':>19}" for n in served_names) + "  held-out acc per step")  # fmt: skip
     for r in rows:
         acc = " ".join(f"{a:.3f}" for a in r["acc"][: args.chain + 1])
         tree_tau = "-" if r["tau_tree"] is None else f"{r['tau_tree']:.3f}"

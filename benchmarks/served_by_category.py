@@ -65,7 +65,7 @@ def differing_tokens(target: LoadedTarget, prompt_ids: list[list[int]], runs: li
             served = torch.tensor(run.token_ids, device=target.device)  # [T]
             seq = torch.tensor([[*ids, *run.token_ids]], device=target.device)  # [1, P + T]
             # position t predicts token t + 1: the last prompt position predicts the first served token
-            logits = target.model(seq).logits[0, len(ids) - 1 : -1]  # [T, V]
+            logits = target.model(input_ids=seq, use_cache=False).logits[0, len(ids) - 1 : -1]  # [T, V]
             counts.append(int((logits.argmax(-1) != served).sum()))
     return counts
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
 
@@ -98,9 +98,6 @@ class EpochPlans(Sequence[Groups]):
             )
             self.planned += 1
         return self._kept[epoch]
-
-    def __iter__(self) -> Iterator[Groups]:
-        return (self[e] for e in range(len(self)))
 
     def schedule_steps(self) -> tuple[int, bool]:
         """(the optimizer steps the learning-rate schedule spans, whether that is exact).

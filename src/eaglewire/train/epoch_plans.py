@@ -117,6 +117,14 @@ class EpochPlans(Sequence[Groups]):
                 return cfg.max_steps, True
         return total, True
 
+    def describe_span(self, total: int, exact: bool) -> str:
+        """The schedule's span as the log names it. With a wall-time budget the schedule follows
+        whichever of the steps and the clock is further along (`train/schedule.py`), so a huge
+        estimate (epochs=10_000) does not mean a warmup that never ends."""
+        steps = f"{total} steps" if exact else f"an estimated {total} steps"
+        seconds = self._config.max_seconds
+        return f"{steps} or max_seconds={seconds:g}, whichever is further along" if seconds else steps
+
 
 def plan_sha256(groups: Sequence[Sequence[Row]]) -> str:
     """sha256 of one epoch's plan: which records (and how many of their tokens) each row of each

@@ -125,8 +125,8 @@ class Trainer:
         self.plans = EpochPlans(self.lengths, config, world_size=ctx.world_size, repeats=repeats)
         # the schedule's length; an estimate in a time-bounded run, which then ends by clock or epochs
         self.total_steps, self.exact_total = self.plans.schedule_steps()
-        log.info("%d records, %d optimizer steps in epoch 0; the schedule spans %s%d steps", len(self.lengths),
-                 len(self.plans[0]), "" if self.exact_total else "an estimated ", self.total_steps)  # fmt: skip
+        log.info("%d records, %d optimizer steps in epoch 0; the learning-rate schedule spans %s", len(self.lengths),
+                 len(self.plans[0]), self.plans.describe_span(self.total_steps, self.exact_total))  # fmt: skip
         if self.total_steps == 0:
             raise ConfigError(
                 f"no optimizer steps: {len(self.lengths)} records make no complete step "

@@ -35,6 +35,11 @@ def test_a_time_bounded_schedule_is_estimated_from_the_first_epoch_without_plann
     plans = EpochPlans(LENGTHS, timed, world_size=1)
     assert plans.schedule_steps() == (len(plans[0]) * 10_000, False)
     assert plans.planned == 1
+    # the log names the clock beside the estimate: the schedule follows whichever is further along
+    assert plans.describe_span(*plans.schedule_steps()) == (
+        f"an estimated {len(plans[0]) * 10_000} steps or max_seconds=60, whichever is further along"
+    )
+    assert EpochPlans(LENGTHS, CONFIG, world_size=1).describe_span(7, True) == "7 steps"
 
 
 def test_step_and_epoch_bounded_schedules_are_exact() -> None:

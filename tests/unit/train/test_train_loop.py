@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -446,13 +447,16 @@ def _trainer(cfg, target, contract, records, out_dir):
 
 
 def test_a_time_bounded_run_plans_each_epoch_when_it_gets_there(
-    tiny_target, tiny_contract, captured_records, tmp_path
+    tiny_target, tiny_contract, captured_records, tmp_path, caplog
 ):
     """max_seconds with epochs=10_000 (draft_levers.py --set max_steps=0 max_seconds=200): the clock
     ends the run, and only the epochs it reached were planned (all 10,000 first cost an H200 lever
-    screen its 900 s on 2026-12-03 without a trained step)."""
+    screen its 900 s on 2026-12-03 without a trained step). The log says the clock can lead the
+    schedule: a bare "an estimated 3720000 steps" read as a warmup that never ends (2y)."""
     timed = replace(FAST, epochs=10_000, max_seconds=1.0)
-    trainer = _trainer(timed, tiny_target, tiny_contract, captured_records, tmp_path / "timed")
+    with caplog.at_level(logging.INFO, logger="eaglewire.train.loop"):
+        trainer = _trainer(timed, tiny_target, tiny_contract, captured_records, tmp_path / "timed")
+    assert "or max_seconds=1, whichever is further along" in caplog.text
     assert (trainer.total_steps, trainer.exact_total) == (len(trainer.plans[0]) * 10_000, False)
     assert trainer.plans.planned == 1
     res = trainer.run(stop_after_steps=None, progress=False)

@@ -18,7 +18,9 @@ bench's plain method's greedy tokens (every lossless setting serves that text), 
 chain and the static tree (`bench.served`; a chain's replay equals the engine's rounds in float32
 and came within 0.74% in bf16 on the H200, BENCHMARKS.md 2s). That is the issue's own measure, MT-bench
 included, without decoding: run 19's texts are in `benchmarks/results/h200_quickstart_run19/*/bench.json`.
-`--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part).
+`--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part);
+`--no-heldout-tree` skips only that, and keeps `--tree` for the served texts' static-tree replay (cheap:
+a variant that trains fewer unrolled steps, `ttt_steps=5`, may lose the 8-step tree what it gains the chain).
 
 A variant is a name and `field=value` pairs: any `TrainConfig` field (a list as `a,b`, e.g.
 `source_repeats=chitchat:2,humaneval:4`), `aux_boundaries` (the target boundaries the draft reads;
@@ -80,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chain", type=int, default=5, help="chain length predicted")
     ap.add_argument("--tree", default="8,8,128",
                     help="num_steps,topk,num_draft_tokens of the tree predicted; 'none': no held-out tree")  # fmt: skip
+    ap.add_argument("--heldout-tree", action=argparse.BooleanOptionalAction, default=True,
+                    help="decode --tree over every held-out answer (the slow part); off: --tree is replayed on "
+                    "the --served texts only")  # fmt: skip
     ap.add_argument("--served", type=Path, nargs="*", default=[], metavar="BENCH_JSON",
                     help="bench.json files whose plain text every variant is also replayed on")  # fmt: skip
     ap.add_argument("--served-dtype", default="bfloat16", help="the target's dtype for the served replay")
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                      "tokens": trained.tokens, "train_seconds": round(seconds, 1),
                      "draft_vocab_size": vocab.size, "vocab_coverage": vocab.stats.get("coverage"),
                      **replay_scores(args.target, trained.draft_dir, args.run / "data" / "eval", chain=args.chain,
-                                     tree=tree, horizon=args.horizon, ttt_steps=config.ttt_steps,
+                                     tree=tree if args.heldout_tree else None, horizon=args.horizon,
+                                     ttt_steps=config.ttt_steps,
                                      max_records=args.eval_max_records, device=args.device)})  # fmt: skip
         if served_target is not None:
             rows[-1]["served"] = served_scores(
@@ -235,13 +241,20 @@ def main(argv: list[str] | None = None) -> int:
     served_names = list(texts) or sorted({n for r in rows for n in r.get("served", {})})
     # the benches' shared prefix (full_run.sh's "chain_bench_") would fill the column headers
     cut = len(os.path.commonprefix(served_names)) if len(served_names) > 1 else 0
+    served_trees = any(
+        s.get("tau_tree_static") is not None for r in rows for s in r.get("served", {}).values()
+    )
+    kinds = {"tau_chain": "chain", "tau_tree_static": "tree"} if served_trees else {"tau_chain": "chain"}
     print(f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  "
-          + "".join(f"{n[cut:][:13] + ' chain':>19}" for n in served_names) + "  held-out acc per step")  # fmt: skip
+          + "".join(f"{n[cut:][:13] + ' ' + label:>19}" for n in served_names for label in kinds.values())
+          + "  held-out acc per step")  # fmt: skip
     for r in rows:
         acc = " ".join(f"{a:.3f}" for a in r["acc"][: args.chain + 1])
         tree_tau = "-" if r["tau_tree"] is None else f"{r['tau_tree']:.3f}"
         served = "".join(
-            f"{r.get('served', {}).get(n, {}).get('tau_chain', float('nan')):19.3f}" for n in served_names
+            f"{r.get('served', {}).get(n, {}).get(k) or float('nan'):19.3f}"
+            for n in served_names
+            for k in kinds
         )
         print(f"{r['variant']:<14} {r['optimizer_steps']:>6} {r['train_seconds']:>8.1f} "
               f"{r['tau_chain']:8.3f} {tree_tau:>6}{served}  {acc}")  # fmt: skip

@@ -127,3 +127,11 @@ def test_served_scores_equal_what_the_engine_measures_on_that_text(run_dir: Path
     chain = next(p for p in measured["served_predictions"] if p["method"] == "eagle-chain")
     assert served["tau_chain"] == pytest.approx(chain["measured_tau_in_text"], rel=1e-9)
     assert len(served["chain_acceptance"]) == 2 and served["tau_tree_static"] is None
+    # --no-heldout-tree: the tree is replayed on the served text only, the held-out answers are not decoded
+    trees = levers(run_dir, tmp_path / "trees.json", ["base"], extra=["--no-heldout-tree", "--served",
+                   str(tmp_path / "plain" / "bench.json"), "--served-dtype", "float32"])  # fmt: skip
+    assert trees.returncode == 0, trees.stderr[-3000:]
+    row = json.loads((tmp_path / "trees.json").read_text())["rows"][0]
+    assert row["tau_tree"] is None and row["tau_tree_method"] is None
+    assert 1.0 <= row["served"]["plain"]["tau_tree_static"] <= 3.0  # a 2-step tree emits at most 3 a round
+    assert "plain tree" in trees.stdout  # the table has the served tree's column

@@ -246,13 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     kinds = {"tau_chain": "chain", "tau_tree_static": "tree"} if served_trees else {"tau_chain": "chain"}
     print(f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  "
-          + "".join(f"{n[cut:][:13] + ' ' + label:>19}" for n in served_names for label in kinds.values())
+          + "".join(f"{n[cut:][:13] + ' ' + label:>20}" for n in served_names for label in kinds.values())
           + "  held-out acc per step")  # fmt: skip
     for r in rows:
         acc = " ".join(f"{a:.3f}" for a in r["acc"][: args.chain + 1])
         tree_tau = "-" if r["tau_tree"] is None else f"{r['tau_tree']:.3f}"
         served = "".join(
-            f"{r.get('served', {}).get(n, {}).get(k) or float('nan'):19.3f}"
+            f"{r.get('served', {}).get(n, {}).get(k) or float('nan'):20.3f}"
             for n in served_names
             for k in kinds
         )

@@ -19,8 +19,9 @@ chain and the static tree (`bench.served`; a chain's replay equals the engine's 
 and came within 0.74% in bf16 on the H200, BENCHMARKS.md 2s). That is the issue's own measure, MT-bench
 included, without decoding: run 19's texts are in `benchmarks/results/h200_quickstart_run19/*/bench.json`.
 `--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part);
-`--no-heldout-tree` skips only that, and keeps `--tree` for the served texts' static-tree replay (cheap:
-a variant that trains fewer unrolled steps, `ttt_steps=5`, may lose the 8-step tree what it gains the chain).
+`--no-heldout-tree` skips only that, and keeps `--tree` for the served texts' static-tree replay. That is
+cheap, and it matters for a variant that trains fewer unrolled steps (`ttt_steps=5`): it may gain on the
+chain and lose on the 8-step tree.
 
 A variant is a name and `field=value` pairs: any `TrainConfig` field (a list as `a,b`, e.g.
 `source_repeats=chitchat:2,humaneval:4`), `aux_boundaries` (the target boundaries the draft reads;

@@ -32,6 +32,8 @@ records its coverage of the loss tokens).
 max_steps=0 max_seconds=200` trains every variant for the same time instead of the same steps, so a
 variant whose step costs more is charged for it). The JSON
 is rewritten after each variant, and a rerun with the same arguments skips the variants it holds.
+`--deadline` (a unix time; full_run.sh sets it from its step's timeout) skips a variant that would not be
+scored by then, rather than train one that the timeout cuts during its scoring (H200 run 25, ttt5).
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--horizon", type=int, default=128, help="tokens per answer replayed (the decode length)")
     ap.add_argument("--eval-max-records", type=int, default=0, help="held-out records scored (0 = all)")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="unix time by which every started variant must be scored: one that would end later is "
+                    "skipped, not cut (full_run.sh passes its step's timeout); 0 = none")  # fmt: skip
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: beside --out)")
     ap.add_argument("--out", type=Path, default=Path("draft_levers.json"))
     return ap.parse_args(argv)
@@ -130,6 +135,19 @@ def variant_setup(
             fields[name] = [value]
     config = from_dict(TrainConfig, {**dataclasses.asdict(base), **fields}, where=where)
     return config, run_args
+
+
+def seconds_past_deadline(
+    deadline: float, config: TrainConfig, beyond_training: float | None
+) -> float | None:
+    """How far past `deadline` (unix time; 0 = none) a variant starting now would end, or None if it fits.
+    It costs its training budget (`max_seconds`, 0 when steps bound it) plus what the last variant spent
+    beyond its own: setup and scoring, and all of a step-bounded run. The first variant is charged its
+    budget alone."""
+    if not deadline:
+        return None
+    late = time.time() + config.max_seconds + (beyond_training or 0.0) - deadline
+    return late if late > 0 else None
 
 
 def replay_scores(
@@ -196,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--variant: names must differ, got {names}")
     run_vocab = load_draft_vocab(args.run / "data" / "vocab")
     work = args.work or args.out.with_suffix("")
-    key = {k: str(v) for k, v in vars(args).items() if k != "out"}
+    key = {k: str(v) for k, v in vars(args).items() if k not in ("out", "deadline")}  # a rerun keeps its rows
     done: dict[str, dict[str, Any]] = {}
     if args.out.exists():
         saved = json.loads(args.out.read_text())
@@ -210,8 +228,15 @@ def main(argv: list[str] | None = None) -> int:
         served_target = load_target(args.target, dtype=args.served_dtype, device=args.device)
         for path in args.served:
             texts[path.parent.name] = bench_plain_text(json.loads(path.read_text()), served_target, path)
+    beyond_training: float | None = None  # the last variant's seconds outside its training budget
     for name, overrides, config, run_args in variants:
         if name in done:
+            continue
+        late = seconds_past_deadline(args.deadline, config, beyond_training)
+        if late is not None:
+            say(
+                f"variant {name}: skipped, it would end ~{late:.0f} s after --deadline (rerun it with more time)"
+            )
             continue
         length = (
             f"{config.max_seconds:g} s of training" if config.max_seconds > 0 else f"{config.max_steps} steps"
@@ -239,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 served_target, trained.draft_dir, texts, chain=args.chain, tree=tree
             )
         atomic_write_json(args.out, {"args": key, "rows": rows})
+        beyond_training = time.perf_counter() - t0 - config.max_seconds
     served_names = list(texts) or sorted({n for r in rows for n in r.get("served", {})})
     # the benches' shared prefix (full_run.sh's "chain_bench_") would fill the column headers
     cut = len(os.path.commonprefix(served_names)) if len(served_names) > 1 else 0

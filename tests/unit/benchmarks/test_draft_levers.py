@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
 from eaglewire.target.identity import tokenizer_hash
+from eaglewire.train.config import TrainConfig
 from tests.helpers.tiny import make_tiny_target, save_tiny_target
 from tests.unit.train.conftest import make_records
 
@@ -78,9 +80,27 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
     assert rows["vocab"]["vocab_coverage"] > rows["base"]["vocab_coverage"]
     vocab_draft = json.loads((tmp_path / "levers" / "vocab" / "draft" / "config.json").read_text())
     assert vocab_draft["draft_vocab_size"] == 96  # the variant's own vocabulary reached the draft
-    again = levers(run_dir, out, *variants)
+    again = levers(run_dir, out, *variants, extra=["--deadline", "1"])  # the deadline is not part of the key
     assert again.returncode == 0 and "5 variant(s) already scored" in again.stdout
     assert json.loads(out.read_text())["rows"] == list(rows.values())
+
+
+def test_a_variant_that_would_end_after_the_deadline_is_skipped_not_started(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    from benchmarks.draft_levers import seconds_past_deadline
+
+    timed = TrainConfig(max_seconds=200.0)
+    assert seconds_past_deadline(0.0, timed, 30.0) is None  # no deadline
+    assert seconds_past_deadline(time.time() + 300, timed, None) is None  # the budget alone fits
+    assert 25 < seconds_past_deadline(time.time() + 200, timed, 30.0) <= 31  # + the last one's scoring
+    assert seconds_past_deadline(time.time() + 20, TrainConfig(max_steps=3), 30.0) > 9  # the last one's wall
+    out = tmp_path / "late.json"
+    late = levers(run_dir, out, ["base"], ["decay1", "step_weight_decay=1.0"], extra=["--deadline", "1"])
+    assert late.returncode == 0, late.stderr[-3000:]
+    assert (
+        late.stdout.count("skipped, it would end") == 2 and not (tmp_path / "late").exists()
+    )  # nothing trained
 
 
 def test_an_unknown_field_names_its_variant(run_dir: Path, tmp_path: Path) -> None:

@@ -356,7 +356,8 @@ class Trainer:
     # --- the run ---
     def run(self, *, stop_after_steps: int | None, progress: bool) -> TrainResult:
         cfg = self.cfg
-        bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main)
+        bar = Progress(total=self.total_steps, initial=self.step, enabled=progress and self.ctx.is_main,
+                       max_seconds=cfg.max_seconds)  # fmt: skip
         last: dict[str, Any] = {}
         tokens_run, time_run = 0, 0.0
         prepared: StepInputs | None = None  # the current step's inputs, prepared during the last step
@@ -365,11 +366,8 @@ class Trainer:
             while (self.step < self.total_steps or not self.exact_total) and self.epoch < len(self.plans):
                 self._clock(started)
                 if cfg.max_seconds and self.elapsed >= cfg.max_seconds:
-                    log.info(
-                        "wall-time budget of %.0f s reached after optimizer step %d",
-                        cfg.max_seconds,
-                        self.step,
-                    )
+                    log.info("wall-time budget of %.0f s reached after optimizer step %d",
+                             cfg.max_seconds, self.step)  # fmt: skip
                     break
                 groups = self.plans[self.epoch]
                 if self.group >= len(groups):
@@ -395,7 +393,8 @@ class Trainer:
                 }
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     self.sink.write({"split": "train", "step": self.step, "epoch": self.epoch, **last})
-                bar.update(summary, tokens_run / time_run if time_run > 0 else 0.0)
+                bar.update(summary, tokens_run / time_run if time_run > 0 else 0.0, step=self.step,
+                           elapsed=self.elapsed)  # fmt: skip
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
                     self._write_eval(self.evaluate())
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:

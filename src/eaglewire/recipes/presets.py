@@ -303,8 +303,16 @@ PRESETS: dict[str, QuickstartPreset] = {
         regen_continuous=True,
         eval_conversations=64,
         draft_vocab_size=16384,
-        ttt_steps=7,
-        epochs=20,
+        # 4, not EAGLE-3's 7: a training step costs about one draft pass per unrolled step, so at equal
+        # time 4 steps train 1.6x the optimizer steps. H200 lever screen, 200 s each (BENCHMARKS.md 2z),
+        # chain-5 tau on run 22's served chitchat / HumanEval / MT-bench: 7 steps 2.95 / 2.46 / 2.08,
+        # 5 steps 3.12 / 2.71 / 2.23, 4 steps 3.20 / 2.79 / 2.32; the 8x12x128 tree 5.12 / 4.11 / 3.27 ->
+        # 5.35 / 4.59 / 3.62, although positions 4-7 are never trained (their accuracy falls faster).
+        # Not yet confirmed over the whole 840 s budget.
+        ttt_steps=4,
+        # a bound the clock reaches first: 840 s at 4 steps should take ~6,900-7,500 optimizer steps (2z),
+        # past 20 epochs of 372
+        epochs=30,
         # 2e-3, not the 5e-4 of runs 1-19: the lever screen of H200 run 20 (BENCHMARKS.md 2t; fresh drafts
         # of 1,000 steps on the same data) predicted chain-5 tau 2.37 / 2.67 / 2.92 on held-out answers at
         # 5e-4 / 1e-3 / 2e-3, and on run 19's served text chitchat 2.22 / 2.37 / 2.48, HumanEval 1.90 /

@@ -126,6 +126,12 @@ def quickstart(
     learning_rate: float = typer.Option(
         None, "--learning-rate", help="override: peak training learning rate"
     ),
+    ttt_steps: int = typer.Option(
+        None,
+        "--ttt-steps",
+        help="override: unrolled training-time-test steps S (the gpu preset trains 4: under a time budget "
+        "fewer steps buy more optimizer steps)",
+    ),
     regen_max_seconds: float = typer.Option(
         None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
     ),
@@ -203,6 +209,7 @@ def quickstart(
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,
+        ttt_steps=ttt_steps,
         regen_max_seconds=regen_max_seconds,
         regen_max_new_tokens=regen_max_new_tokens,
         train_max_seconds=train_max_seconds,

@@ -170,7 +170,7 @@ class QuickstartPreset:
                 f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"
             )
         try:
-            TrainConfig(source_repeats=self.source_repeats)
+            TrainConfig(source_repeats=self.source_repeats, ttt_steps=self.ttt_steps)
         except ConfigError as e:
             raise ConfigError(f"preset {self.name!r}: {e}") from None
         if self.regen_rows < 0:

@@ -20,6 +20,8 @@ def test_bad_overrides_name_the_field():
         get_preset("gpu", regen_max_seconds=-1.0)
     with pytest.raises(ConfigError, match="user_turns must be >= 1, got 0"):
         get_preset("gpu", user_turns=0)
+    with pytest.raises(ConfigError, match="preset 'gpu': ttt_steps.*0"):
+        get_preset("gpu", ttt_steps=0)
     with pytest.raises(ConfigError, match="unknown fields.*no_such_field"):
         get_preset("cpu", no_such_field=1)
     with pytest.raises(ConfigError, match="--preset"):
@@ -72,6 +74,8 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
         "--train-max-seconds",
         "7",
         "--train-online",
+        "--ttt-steps",
+        "5",
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -80,6 +84,7 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
         preset.train_compile is True and preset.regen_continuous is False and preset.train_max_seconds == 7.0
     )
     assert PRESETS["tiny"].train_from_shards and preset.train_from_shards is False
+    assert preset.ttt_steps == 5 != PRESETS["tiny"].ttt_steps
     result = CliRunner().invoke(app, ["quickstart", "--preset", "gpu", "--train-from-shards"])
     assert result.exit_code == 0, result.output
     assert not PRESETS["gpu"].train_from_shards and seen["preset"].train_from_shards is True

@@ -58,8 +58,7 @@ from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.recipes.presets import PRESETS
-from eaglewire.recipes.quickstart import train_config
+from eaglewire.recipes.presets import PRESETS, train_config
 from eaglewire.target.loading import LoadedTarget, load_target
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.evaluate import FIRST_ANSWER

@@ -170,7 +170,7 @@ class QuickstartPreset:
                 f"preset {self.name!r}: magpie_opened_fraction must be within 0..1, got {self.magpie_opened_fraction}"
             )
         try:
-            TrainConfig(source_repeats=self.source_repeats, ttt_steps=self.ttt_steps)
+            train_config(self)  # the train stage's own checks, before any stage runs
         except ConfigError as e:
             raise ConfigError(f"preset {self.name!r}: {e}") from None
         if self.regen_rows < 0:
@@ -183,6 +183,27 @@ class QuickstartPreset:
                 raise ConfigError(
                     f"preset {self.name!r}: {name} must be >= 0 seconds (0 = no budget), got {value}"
                 )
+
+
+def train_config(preset: QuickstartPreset) -> TrainConfig:
+    """The train stage's TrainConfig, from the preset."""
+    p = preset
+    return TrainConfig(
+        ttt_steps=p.ttt_steps,
+        epochs=p.epochs,
+        learning_rate=p.learning_rate,
+        max_length=p.max_length,
+        batch_size=p.batch_size,
+        warmup_ratio=0.05,
+        min_lr_ratio=0.1,
+        checkpoint_every=200,
+        log_every=10,
+        max_seconds=p.train_max_seconds,
+        compile=p.train_compile,
+        ttt_attention=p.train_ttt_attention,
+        hard_label_weight=p.hard_label_weight,
+        source_repeats=p.source_repeats,
+    )
 
 
 PRESETS: dict[str, QuickstartPreset] = {

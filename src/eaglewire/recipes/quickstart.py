@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.recipes.presets import QuickstartPreset
+from eaglewire.recipes.presets import QuickstartPreset, train_config
 from eaglewire.recipes.quickstart_data import stage_data, training_data_dir
 from eaglewire.recipes.quickstart_decode import heldout_tau, served_tau_chain, stage_decode
 from eaglewire.recipes.resume import STAGES, check_resume, preset_json
 
 if TYPE_CHECKING:
-    from eaglewire.train.config import TrainConfig
     from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
@@ -83,29 +82,6 @@ class QuickstartRun:
         if name == self.stop_after:
             raise _Stopped
         return dict(self.stages[-1].result)
-
-
-def train_config(preset: QuickstartPreset) -> TrainConfig:
-    """The train stage's TrainConfig, from the preset."""
-    from eaglewire.train.config import TrainConfig
-
-    p = preset
-    return TrainConfig(
-        ttt_steps=p.ttt_steps,
-        epochs=p.epochs,
-        learning_rate=p.learning_rate,
-        max_length=p.max_length,
-        batch_size=p.batch_size,
-        warmup_ratio=0.05,
-        min_lr_ratio=0.1,
-        checkpoint_every=200,
-        log_every=10,
-        max_seconds=p.train_max_seconds,
-        compile=p.train_compile,
-        ttt_attention=p.train_ttt_attention,
-        hard_label_weight=p.hard_label_weight,
-        source_repeats=p.source_repeats,
-    )
 
 
 def stage_train(run: QuickstartRun) -> dict[str, Any]:

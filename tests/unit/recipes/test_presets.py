@@ -22,6 +22,9 @@ def test_bad_overrides_name_the_field():
         get_preset("gpu", user_turns=0)
     with pytest.raises(ConfigError, match="preset 'gpu': ttt_steps.*0"):
         get_preset("gpu", ttt_steps=0)
+    # the train stage's own cross-field checks run before any stage does
+    with pytest.raises(ConfigError, match=r"preset 'tiny': max_length=160 is too short for ttt_steps=200"):
+        get_preset("tiny", ttt_steps=200)
     with pytest.raises(ConfigError, match="unknown fields.*no_such_field"):
         get_preset("cpu", no_such_field=1)
     with pytest.raises(ConfigError, match="--preset"):
@@ -110,7 +113,7 @@ def test_quickstart_flags_reach_the_preset(monkeypatch):
         "chitchat:2",
         "humaneval:4",
     )
-    from eaglewire.recipes.quickstart import train_config
+    from eaglewire.recipes.presets import train_config
 
     assert train_config(seen["preset"]).repeats_by_source() == {"chitchat": 2, "humaneval": 4}
 

@@ -1,15 +1,15 @@
 """Where a training step's time goes: the target side, the draft's forward and backward, the update.
 
-Online training as the GPU quickstart runs it (reference target, bf16, draft vocab 16384, 7 TTT
-steps, 16 rows of 1024 tokens), on chitchat train conversations with their own answers (speed does
-not depend on whose answers they are), eager and with the draft's forward compiled
-(`TrainConfig.compile`; it compiles during the warm-up steps). For each setting it reports, over
-`--steps` steps after `--warmup`:
+Online training as the GPU quickstart runs it (reference target, bf16, and by default the gpu preset's
+draft vocabulary, TTT steps, rows and row length: 16384, 4 since BENCHMARKS.md 2z (7 before), 16 x 1024),
+on chitchat train conversations with their own answers (speed does not depend on whose answers they
+are), eager and with the draft's forward compiled (`TrainConfig.compile`; it compiles during the
+warm-up steps). For each setting it reports, over `--steps` steps after `--warmup`:
 
 * the step's wall time through the loop's own `_train_step`, each step preparing the next one's
   inputs as the loop does (`step_ms`, `tokens_per_s`), and the phases of a step, each ended by a
   device sync: `prepare` (records -> the target's forward(s), its distribution restricted to the
-  draft vocab, aux placed into packed rows), `forward` (the 7-step unroll and its losses),
+  draft vocab, aux placed into packed rows), `forward` (the unroll and its losses),
   `backward`, `update` (clip + AdamW);
 * the summed CUDA kernel time of one profiled step against its wall time, and the top kernels and
   host-side operators.
@@ -41,6 +41,7 @@ from eaglewire.data.capture import capture_dataset
 from eaglewire.data.shards import ShardDataset
 from eaglewire.data.vocab import build_draft_vocab
 from eaglewire.draft.init import init_draft
+from eaglewire.recipes.presets import PRESETS
 from eaglewire.recipes.quickstart_data import first_user_turns
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget, load_target
@@ -209,9 +210,10 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny random target on CPU (checks the script)")
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--conversations", type=int, default=7168)
-    ap.add_argument("--vd", type=int, default=16384)
-    ap.add_argument("--max-length", type=int, default=1024)
-    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[16])
+    gpu = PRESETS["gpu"]  # the defaults time what the gpu quickstart trains
+    ap.add_argument("--vd", type=int, default=gpu.draft_vocab_size)
+    ap.add_argument("--max-length", type=int, default=gpu.max_length)
+    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[gpu.batch_size])
     ap.add_argument(
         "--compile",
         type=lambda s: [x.strip() == "on" for x in s.split(",")],
@@ -240,7 +242,7 @@ def main() -> None:
         "are named '... flex')",
     )
     ap.add_argument("--work", type=Path, default=None, help="where offline shards go (default: temp dir)")
-    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--ttt-steps", type=int, default=gpu.ttt_steps)
     ap.add_argument(
         "--draft-intermediate-size",
         type=int,

@@ -205,7 +205,7 @@ def run_setting(
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny random target on CPU (checks the script)")
     ap.add_argument("--target", default="smollm2")
@@ -252,7 +252,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.tiny:
         from tests.helpers.tiny import make_tiny_target
 

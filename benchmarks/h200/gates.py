@@ -2,7 +2,9 @@
 
     python benchmarks/h200/gates.py compile|shards|attention TRAIN_PROFILE_JSON "QS_ARGS"
 
-prints the quickstart flag to add ('' for none) and, on stderr, why:
+prints the quickstart flag to add ('' for none) and, on stderr, why. Only the profile's rows of the step the
+quickstart trains count: its batch size and TTT steps (--batch-size / --ttt-steps in QS_ARGS, else the gpu
+preset's).
 
   compile  --train-compile when the draft's compiled forward trains at least 5% more tokens inside
            the training budget (--train-max-seconds in QS_ARGS, else the gpu preset's) than eager,
@@ -103,16 +105,18 @@ def main(argv: list[str]) -> int:
     kind, profile_json, qs_args = argv
     args = qs_args.split()
     batch = int(flag_value(args, "--batch-size", PRESETS["gpu"].batch_size))
-    with open(profile_json) as f:  # only the profile rows of the batch the quickstart trains
-        rows = {r["setting"]: r for r in json.load(f) if r["batch_size"] == batch}
+    ttt = int(flag_value(args, "--ttt-steps", PRESETS["gpu"].ttt_steps))
+    with open(profile_json) as f:  # only the profile rows of the step the quickstart trains
+        rows = {r["setting"]: r for r in json.load(f) if (r["batch_size"], r["ttt_steps"]) == (batch, ttt)}
     gates = {"compile": compile_flag, "shards": shards_flag, "attention": attention_flag}
     if kind not in gates:
         print(f"gates.py: expected one of {sorted(gates)}, got {kind!r}", file=sys.stderr)
         return 2
     if not rows:  # H200 run 13: every setting was skipped for want of data, and the gate said nothing
         print(
-            f"{kind} gate: {profile_json} has no row at batch size {batch} (every setting skipped or "
-            "failed: see train_profile.txt): the quickstart's default stays",
+            f"{kind} gate: {profile_json} has no row at batch size {batch} with {ttt} TTT steps (every "
+            "setting skipped or failed, or profiled another step: see train_profile.txt): the "
+            "quickstart's default stays",
             file=sys.stderr,
         )
     print(gates[kind](rows, args), end="")

@@ -7,15 +7,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+from eaglewire.recipes.presets import PRESETS
+
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "h200" / "gates.py"
 
 
+GPU = PRESETS["gpu"]
+
+
 def row(
-    setting: str, tokens_per_s: float, *, batch: int = 16, warmup_s: float = 10.0, data: str = "online"
+    setting: str,
+    tokens_per_s: float,
+    *,
+    batch: int = GPU.batch_size,
+    ttt: int = GPU.ttt_steps,
+    warmup_s: float = 10.0,
+    data: str = "online",
 ) -> dict:
     return {
         "setting": setting,
         "batch_size": batch,
+        "ttt_steps": ttt,
         "tokens_per_s": tokens_per_s,
         "warmup_s": warmup_s,
         "data": data,
@@ -44,6 +56,11 @@ def test_shards_gate_needs_offline_5_percent_faster_at_the_quickstarts_batch(tmp
     other = [row("b32 s7", 80_000, batch=32), row("b32 s7 offline", 99_000, batch=32, data="offline")]
     assert gate(tmp_path, "shards", other)[0] == ""
     assert gate(tmp_path, "shards", other, "--batch-size 32")[0] == "--train-from-shards"
+    # and of the TTT steps it trains: a 7-step profile does not decide for the gpu preset's 4
+    seven = [row("b16 s7", 80_000, ttt=7), row("b16 s7 offline", 99_000, ttt=7, data="offline")]
+    flag, why = gate(tmp_path, "shards", seven)
+    assert GPU.ttt_steps != 7 and flag == "" and f"with {GPU.ttt_steps} TTT steps" in why
+    assert gate(tmp_path, "shards", seven, "--ttt-steps 7")[0] == "--train-from-shards"
     # a profile whose every setting was skipped says so instead of passing silently
     flag, why = gate(tmp_path, "shards", [])
     assert flag == "" and "no row at batch size 16" in why and "default stays" in why

@@ -129,8 +129,8 @@ def quickstart(
     ttt_steps: int = typer.Option(
         None,
         "--ttt-steps",
-        help="override: unrolled training-time-test steps S (the gpu preset trains 4: under a time budget "
-        "fewer steps buy more optimizer steps)",
+        help="override: unrolled training-time-test steps S (the gpu preset trains 4, the cpu preset 2: in "
+        "the same time fewer steps buy more optimizer steps)",
     ),
     regen_max_seconds: float = typer.Option(
         None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"

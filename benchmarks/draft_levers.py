@@ -32,6 +32,8 @@ records its coverage of the loss tokens).
 max_steps=0 max_seconds=200` trains every variant for the same time instead of the same steps, so a
 variant whose step costs more is charged for it). The JSON
 is rewritten after each variant, and a rerun with the same arguments skips the variants it holds.
+`--data shards` trains from `RUN/data/train_shards` as a quickstart with `train_from_shards` does (the cpu
+preset; `online` by default, as the gpu preset), so a CPU screen times what that quickstart trains.
 `--deadline` (a unix time; full_run.sh sets it from its step's timeout) skips a variant that would not be
 scored by then, rather than train one that the timeout cuts during its scoring (H200 run 25, ttt5).
 """
@@ -96,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="unix time by which every started variant must be scored: one that would end later is "
                     "skipped, not cut (full_run.sh passes its step's timeout); 0 = none")  # fmt: skip
+    ap.add_argument("--data", choices=("online", "shards"), default="online",
+                    help="train every variant online (the target inside each step, as the gpu preset) or from "
+                         "RUN/data/train_shards (as a preset with train_from_shards, e.g. cpu: on a CPU the "
+                         "target's forward is most of an online step); shards hold fixed aux boundaries")  # fmt: skip
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: beside --out)")
     ap.add_argument("--out", type=Path, default=Path("draft_levers.json"))
     return ap.parse_args(argv)
@@ -211,6 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     names = [v[0] for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError(f"--variant: names must differ, got {names}")
+    train_dir = args.run / "data" / ("train_shards" if args.data == "shards" else "train")
+    if args.data == "shards":
+        if not (train_dir / "manifest.json").is_file():
+            raise ConfigError(
+                f"--data shards: {train_dir} holds no captured shards (no manifest.json); the quickstart "
+                "captures them with train_from_shards, or use --data online"
+            )
+        fixed = [name for name, _, _, run_args in variants if "aux_boundaries" in run_args]
+        if fixed:
+            raise ConfigError(
+                f"--data shards: variants {fixed} set aux_boundaries, but the shards in {train_dir} hold the "
+                "boundaries they were captured at; screen them with --data online"
+            )
     run_vocab = load_draft_vocab(args.run / "data" / "vocab")
     work = args.work or args.out.with_suffix("")
     key = {k: str(v) for k, v in vars(args).items() if k not in ("out", "deadline")}  # a rerun keeps its rows
@@ -247,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             vocab = build_draft_vocab(train_records, int(overrides[VOCAB_FIELD]))
         t0 = time.perf_counter()
         trained = run_training(
-            target=args.target, data_dir=args.run / "data" / "train", out_dir=work / name, config=config,
+            target=args.target, data_dir=train_dir, out_dir=work / name, config=config,
             draft_to_target=vocab.draft_to_target, device=args.device, progress=False, **run_args,
         )  # fmt: skip
         seconds = time.perf_counter() - t0

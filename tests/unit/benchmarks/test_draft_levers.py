@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -155,3 +156,25 @@ def test_served_scores_equal_what_the_engine_measures_on_that_text(run_dir: Path
     assert row["tau_tree"] is None and row["tau_tree_method"] is None
     assert 1.0 <= row["served"]["plain"]["tau_tree_static"] <= 3.0  # a 2-step tree emits at most 3 a round
     assert "plain tree" in trees.stdout  # the table has the served tree's column
+
+
+def test_data_shards_trains_from_the_runs_captured_states(run_dir: Path, tmp_path: Path) -> None:
+    from eaglewire.data.capture import capture_dataset
+    from eaglewire.target.loading import load_target
+
+    root = tmp_path / "root"
+    shutil.copytree(run_dir, root)
+    out = tmp_path / "levers.json"
+    missing = levers(root, out, ["base"], extra=["--data", "shards"])
+    assert missing.returncode != 0 and "holds no captured shards" in missing.stderr
+    # the shards hold the 4 eval records, the tokenized train split 12: the log says which one trained
+    target = load_target(str(root / "target"), dtype="float32", device="cpu")
+    eval_records = TokenizedDataset.load(root / "run" / "data" / "eval")
+    capture_dataset(target, eval_records, root / "run" / "data" / "train_shards", show_progress=False)
+    refused = levers(root, out, ["base"], ["aux", "aux_boundaries=1,4,8"], extra=["--data", "shards"])
+    assert refused.returncode != 0 and "variants ['aux'] set aux_boundaries" in refused.stderr
+    assert not (tmp_path / "levers").exists()  # refused before any variant trained
+    done = levers(root, out, ["base"], extra=["--data", "shards"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "4 records, " in done.stderr and "12 records, " not in done.stderr
+    assert json.loads(out.read_text())["rows"][0]["optimizer_steps"] == 3

@@ -55,6 +55,7 @@ from eaglewire.bench.results import MethodResult
 from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
 from eaglewire.cli.common import run_script
 from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.shards import MANIFEST_FILE
 from eaglewire.data.vocab import build_draft_vocab, load_draft_vocab
 from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
@@ -219,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--variant: names must differ, got {names}")
     train_dir = args.run / "data" / ("train_shards" if args.data == "shards" else "train")
     if args.data == "shards":
-        if not (train_dir / "manifest.json").is_file():
+        if not (train_dir / MANIFEST_FILE).is_file():
             raise ConfigError(
-                f"--data shards: {train_dir} holds no captured shards (no manifest.json); the quickstart "
+                f"--data shards: {train_dir} holds no captured shards (no {MANIFEST_FILE}); the quickstart "
                 "captures them with train_from_shards, or use --data online"
             )
         fixed = [name for name, _, _, run_args in variants if "aux_boundaries" in run_args]

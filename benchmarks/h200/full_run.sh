@@ -5,14 +5,16 @@
 #                                that fit the calls with the tree as it is now; it prints each call)
 #   call 1, carry .gguf_a .whl:  bash benchmarks/h200/gguf_part1.sh
 #   middle calls (if the plan has them), carry .gguf_b, ...: bash benchmarks/h200/gguf_part.sh
-#   last call, carry the last .gguf_<letter>: launch in the background, wait until it has copied what it needs, show the log:
+#   last call, carry the last .gguf_<letter>: launch in the background, wait until it has copied what it needs,
+#   then wait for results as collect.sh does (a call that only launched would leave one more gap in the lease):
 #     mkdir -p ~/smol && rm -f ~/smol/full_run.copied && (setsid nohup bash benchmarks/h200/full_run.sh \
 #       > ~/smol/full.log 2>&1 < /dev/null &) && for i in $(seq 60); do [ -f ~/smol/full_run.copied ] && break;
-#       sleep 1; done; sleep 40; tr '\r' '\n' < ~/smol/full.log | tail -n 30
+#       sleep 1; done; WAIT_S=500 bash benchmarks/h200/collect.sh
 #   later calls, no carry:       WAIT_S=540 bash benchmarks/h200/collect.sh  (again until it says DONE; each
 #                                call must follow the last within 30 s or the machine is given back)
 #   Issue each next call at once, with nothing composed in between: on 2026-12-01 a machine went back
-#   idle between two calls and took 9 device-minutes and a whole data stage with it.
+#   idle between two calls and took 9 device-minutes and a whole data stage with it; on 2026-12-04 a late
+#   call lost 704 device-seconds and a run 5 minutes into training (BENCHMARKS.md 2za).
 #
 # It needs the repository folder only for its first seconds: it copies src/, benchmarks/, scripts/,
 # tests/helpers and the carried .gguf_<letter>/ into $SMOL/repo, writes $SMOL/full_run.copied, and runs everything from

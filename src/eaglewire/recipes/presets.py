@@ -76,12 +76,13 @@ class QuickstartPreset:
     )
     train_compile: bool = help_field(
         "torch.compile the draft's forward in training (TrainConfig.compile)",
-        default=False,  # not yet measured on a GPU (benchmarks/train_profile.py compares both)
+        default=False,  # 0.91x eager's tokens/s on the H200 at 7 unrolled steps (BENCHMARKS.md 2i)
     )
     train_ttt_attention: TTTAttention = help_field(
         "the training-time test's attention (TrainConfig.ttt_attention): 'blocked' SDPA or "
         "block-sparse 'flex' (CUDA only)",
-        # blocked until FlexAttention is timed in a whole step on the H200 (benchmarks/ttt_attention_speed.py)
+        # blocked: on the H200 at 4 unrolled steps, flex trained 1,467 steps in 200 s against blocked's 1,638
+        # and scored lower on every set (BENCHMARKS.md 2za)
         default="blocked",
     )
     draft_intermediate_size: int = help_field(

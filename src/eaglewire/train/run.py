@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 
 from eaglewire.contract.contract import Contract
+from eaglewire.data.records import INDEX_FILE, TOKENS_FILE, TokenizedDataset
+from eaglewire.data.shards import MANIFEST_FILE, ShardDataset
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import load_draft
 from eaglewire.draft.model import Eagle3Draft
@@ -51,19 +53,15 @@ class OpenedData:
 def open_data(path: Path) -> OpenedData:
     """Detect and open a tokenized dataset (online) or a shard directory (offline)."""
     path = Path(path)
-    if (path / "manifest.json").exists():
-        from eaglewire.data.shards import ShardDataset
-
+    if (path / MANIFEST_FILE).exists():
         # every shard's sha256 before step 1, in parallel: checked lazily instead, each first read
         # would hash a whole shard inside a step's input preparation
         shards = ShardDataset(path, verify="eager")
         return OpenedData("offline", shards, shards.contract, path)
-    if (path / "index.json").exists() and (path / "tokens.safetensors").exists():
-        from eaglewire.data.records import TokenizedDataset
-
+    if (path / INDEX_FILE).exists() and (path / TOKENS_FILE).exists():
         return OpenedData("online", TokenizedDataset.load(path), None, path)
     raise DataFormatError(
-        f"{path}: neither a tokenized dataset (index.json + tokens.safetensors) nor a shard directory (manifest.json)",
+        f"{path}: neither a tokenized dataset ({INDEX_FILE} + {TOKENS_FILE}) nor a shard directory ({MANIFEST_FILE})",
         fix="build one with `eaglewire data build` (online) or `eaglewire data capture` (offline)",
     )
 

@@ -95,16 +95,18 @@ class SummaryPredictor:
         return "replay" if self.replay_tau_chain else "position_averaged"
 
     def tau_chain(self, k: int) -> float:
+        # A draft trained on fewer unrolled steps than the bench drafts (the gpu preset trains 4, the
+        # chain drafts 5) has a train_summary.json too shallow for it: say how to get a deep one.
+        depth = len(self.replay_tau_chain or self.cond_acc)
+        if not 0 <= k <= depth:
+            raise ConfigError(
+                f"chain length k={k}: {self.source or 'the evaluation summary'} evaluated {depth} draft steps",
+                fix=f"pass --eval-data with held-out data (evaluated as deep as the bench drafts) or --eval-report "
+                f"with the JSON of `eaglewire eval --num-steps {k} --json`",
+            )
         if not self.replay_tau_chain:
             return self.position_averaged_tau_chain(k)
-        if k == 0:
-            return 1.0
-        if not 0 < k <= len(self.replay_tau_chain):
-            raise ConfigError(
-                f"chain length k={k}: expected 0..{len(self.replay_tau_chain)} "
-                f"({self.source or 'the evaluation summary'} replayed {len(self.replay_tau_chain)} steps)"
-            )
-        return self.replay_tau_chain[k - 1]
+        return 1.0 if k == 0 else self.replay_tau_chain[k - 1]
 
     def position_averaged_tau_chain(self, k: int) -> float:
         from eaglewire.train.replay import predicted_tau_chain
@@ -269,9 +271,9 @@ def prediction_rows(
             # A prediction is a check beside the measurement: its failure must not lose the bench.
             if not isinstance(e, ConfigError):
                 log.warning("%s: held-out prediction failed: %s: %s", setting, type(e).__name__, e)
-            rows.append(
-                PredictionRow(setting, None, tau, str(e).splitlines()[0] if str(e) else type(e).__name__)
-            )
+            note = str(e).splitlines()[0] if str(e) else type(e).__name__
+            fix = e.fix if isinstance(e, EaglewireError) else None
+            rows.append(PredictionRow(setting, None, tau, f"{note}; fix: {fix}" if fix else note))
             continue
         rows.append(PredictionRow(setting, p.tau, tau, "", p.position_averaged_tau, p.method))
     return rows

@@ -70,6 +70,17 @@ def test_rows_error_and_summary() -> None:
     assert prediction_summary([PredictionRow({}, None, 2.0)]) == {"settings_compared": 0}
 
 
+def test_a_chain_deeper_than_the_summary_names_the_fix() -> None:
+    # train_summary.json of a draft trained on 2 unrolled steps; the bench drafts a chain of 3
+    shallow = SummaryPredictor((0.8, 0.5), "run/train_summary.json", replay_tau_chain=(1.8, 2.1))
+    for p in (shallow, SummaryPredictor((0.8, 0.5), "run/train_summary.json")):
+        (row,) = prediction_rows(p, [(SpecArgs.chain(3), 2.4)])
+        assert row.predicted_tau is None and row.measured_tau == 2.4
+        assert row.note.startswith("chain length k=3: run/train_summary.json evaluated 2 draft steps; fix: ")
+        assert "--eval-data" in row.note and "eaglewire eval --num-steps 3 --json" in row.note
+    assert predict_tau(shallow, SpecArgs.chain(2)) == pytest.approx(2.1)
+
+
 def test_tree_for_spec_picks_the_likeliest_nodes() -> None:
     # 10 positions x 2 depths of target ranks in the draft's list: 6x rank 0, 3x rank 1, 1x rank 2 at depth 1.
     ranks = [[0, 0]] * 4 + [[0, 1]] * 2 + [[1, 0]] * 3 + [[2, 0]]

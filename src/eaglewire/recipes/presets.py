@@ -332,10 +332,12 @@ PRESETS: dict[str, QuickstartPreset] = {
         # chain-5 tau on run 22's served chitchat / HumanEval / MT-bench: 7 steps 2.95 / 2.46 / 2.08,
         # 5 steps 3.12 / 2.71 / 2.23, 4 steps 3.20 / 2.79 / 2.32; the 8x12x128 tree 5.12 / 4.11 / 3.27 ->
         # 5.35 / 4.59 / 3.62, although positions 4-7 are never trained (their accuracy falls faster).
-        # Not yet confirmed over the whole 840 s budget.
+        # Over the whole 840 s (H200 run 28, 2zb): 6,765 optimizer steps (7 steps: 4,727), served chains on
+        # all held-out chitchat / HumanEval / MT-bench 3.70 / 3.31 / 2.54 (7 steps: 3.56 / 3.25 / 2.54), and
+        # the 8x12x128 tree on all 80 MT-bench 4.34 (the best measured; run 19's draft 3.96).
         ttt_steps=4,
-        # a bound the clock reaches first: 840 s at 4 steps should take ~6,900-7,500 optimizer steps (2z),
-        # past 20 epochs of 372
+        # a bound the clock reaches first: 840 s at 4 steps took 6,765 optimizer steps (2zb), past 18 epochs
+        # of 372
         epochs=30,
         # 2e-3, not the 5e-4 of runs 1-19: the lever screen of H200 run 20 (BENCHMARKS.md 2t; fresh drafts
         # of 1,000 steps on the same data) predicted chain-5 tau 2.37 / 2.67 / 2.92 on held-out answers at

@@ -1,6 +1,6 @@
 """Look at one record: its tokens, loss mask, and (for captured shards) per-boundary norms.
 
-Works on a tokenized dataset directory (index.json) or a shard directory (manifest.json).
+Works on a tokenized dataset directory or a shard directory (`data.kind` tells which).
 Norms are the L2 norm of each token's vector at each stored boundary; a boundary whose norms
 look like another's (or like the embedding's, which are small and flat) is the quickest sign
 of a mislabelled capture.
@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from eaglewire.contract.numbering import describe_boundary
-from eaglewire.data.records import INDEX_FILE, TokenizedDataset
-from eaglewire.data.shards import MANIFEST_FILE, ShardDataset
+from eaglewire.data.kind import data_dir_kind
+from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.shards import ShardDataset
 from eaglewire.errors import DataFormatError
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,14 @@ def _pick(ids: list[str], index: int | None, record_id: str | None, where: Path)
 def recorded_tokenizer_path(path: Path) -> str | None:
     """The tokenizer/target path recorded when the data was made, if it is a directory here."""
     path = Path(path)
-    if (path / MANIFEST_FILE).exists():
+    try:
+        kind = data_dir_kind(path)
+    except DataFormatError:
+        return None  # inspect_record says what is wrong with it
+    if kind == "shards":
         name = ShardDataset(path, verify="none", allow_incomplete=True).contract.target.name
-    elif (path / INDEX_FILE).exists():
-        name = str(TokenizedDataset.load(path).meta.get("tokenizer", ""))
     else:
-        return None
+        name = str(TokenizedDataset.load(path).meta.get("tokenizer", ""))
     return name if name and Path(name).is_dir() else None
 
 
@@ -56,7 +59,7 @@ def inspect_record(
     path = Path(path)
     norms: list[torch.Tensor] = []
     labels: list[str] = []
-    if (path / MANIFEST_FILE).exists():
+    if data_dir_kind(path) == "shards":
         shards = ShardDataset(path, allow_incomplete=True)
         i = _pick(shards.record_ids(), index, record_id, path)
         rec = shards[i]
@@ -69,15 +72,11 @@ def inspect_record(
         labels.append(f"final b{fb.boundary} {fb.norm}-norm")
         norms.append(rec.final.float().norm(dim=-1))
         ids, mask, rid, kind = rec.input_ids, rec.loss_mask, rec.record_id, "shards"
-    elif (path / INDEX_FILE).exists():
+    else:
         ds = TokenizedDataset.load(path)
         i = _pick(ds.record_ids, index, record_id, path)
         r = ds[i]
         ids, mask, rid, kind = r.input_ids, r.loss_mask, r.record_id, "tokens"
-    else:
-        raise DataFormatError(
-            f"{path}: neither a tokenized dataset ({INDEX_FILE}) nor a shard directory ({MANIFEST_FILE})"
-        )
     pieces = [tokenizer.decode([int(t)]) for t in ids] if tokenizer is not None else [None] * len(ids)
     tokens = []
     for pos, (tid, piece, m) in enumerate(zip(ids.tolist(), pieces, mask.tolist(), strict=True)):

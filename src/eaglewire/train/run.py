@@ -16,8 +16,9 @@ from typing import Any, Literal
 import torch
 
 from eaglewire.contract.contract import Contract
-from eaglewire.data.records import INDEX_FILE, TOKENS_FILE, TokenizedDataset
-from eaglewire.data.shards import MANIFEST_FILE, ShardDataset
+from eaglewire.data.kind import data_dir_kind
+from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.shards import ShardDataset
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import load_draft
 from eaglewire.draft.model import Eagle3Draft
@@ -53,17 +54,12 @@ class OpenedData:
 def open_data(path: Path) -> OpenedData:
     """Detect and open a tokenized dataset (online) or a shard directory (offline)."""
     path = Path(path)
-    if (path / MANIFEST_FILE).exists():
+    if data_dir_kind(path) == "shards":
         # every shard's sha256 before step 1, in parallel: checked lazily instead, each first read
         # would hash a whole shard inside a step's input preparation
         shards = ShardDataset(path, verify="eager")
         return OpenedData("offline", shards, shards.contract, path)
-    if (path / INDEX_FILE).exists() and (path / TOKENS_FILE).exists():
-        return OpenedData("online", TokenizedDataset.load(path), None, path)
-    raise DataFormatError(
-        f"{path}: neither a tokenized dataset ({INDEX_FILE} + {TOKENS_FILE}) nor a shard directory ({MANIFEST_FILE})",
-        fix="build one with `eaglewire data build` (online) or `eaglewire data capture` (offline)",
-    )
+    return OpenedData("online", TokenizedDataset.load(path), None, path)
 
 
 def default_target_dtype(device: torch.device) -> str:

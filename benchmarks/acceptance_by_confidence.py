@@ -7,6 +7,7 @@ first token of a serving round, from the target's own states) predicts each answ
 is the draft's argmax equal to the target's argmax (the greedy token, so a hit is an accepted
 first draft). Positions are bucketed by the target's top-1 probability p1 (and its margin over
 the runner-up): if the misses sit where the target itself is torn, the draft is not the problem.
+A second table splits them by where in the answer the token lies (`ANSWER_SPANS`).
 
     PYTHONPATH=src:. python3 benchmarks/acceptance_by_confidence.py --draft D --prompts chitchat-eval \
         --num-prompts 8 --max-new-tokens 128 --out conf.json
@@ -42,6 +43,10 @@ log = logging.getLogger("acceptance_by_confidence")
 
 BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # p1 edges: [lo, hi)
 MARGIN_TIE = 0.1  # p1 - p2 below this: a near-tie
+SURE = 0.9  # p1 at or above this: a token the target is sure of
+# Where in the answer the label lies (token index, [lo, hi)): does the draft miss at the answer's start,
+# where the prompt decides most, or all along it?
+ANSWER_SPANS = ((1, 16), (16, 48), (48, 256))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,6 +134,7 @@ def score(
         "margin": (top2[rows + 1, 0] - top2[rows + 1, 1]).cpu(),
         "hit": (guess[rows] == label[rows + 1]),
         "in_draft_vocab": torch.isin(label[rows + 1], draft.draft_to_target.cpu()),
+        "answer_pos": rows + 2 - len(prompt),  # the label's index in the answer (1: its second token)
     }
 
 
@@ -158,6 +164,16 @@ def summarise(parts: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
             {"p1_from": lo, "p1_to": min(hi, 1.0), "share": k / n if n else 0.0,
              "step0_accuracy": float(hit[sel].mean()) if k else None, "positions": k}
         )  # fmt: skip
+    pos = torch.cat([x["answer_pos"] for x in parts])
+    by_position = []
+    for lo, hi in ANSWER_SPANS:
+        sel = (pos >= lo) & (pos < hi)
+        k = int(sel.sum())
+        by_position.append(
+            {"answer_from": lo, "answer_to": hi, "share": k / n if n else 0.0,
+             "step0_accuracy": float(hit[sel].mean()) if k else None,
+             "sure_accuracy": float(hit[sel & (p1 >= SURE)].mean()) if int((sel & (p1 >= SURE)).sum()) else None}
+        )  # fmt: skip
     tie = margin < MARGIN_TIE
     return {
         "positions": n,
@@ -170,6 +186,7 @@ def summarise(parts: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
         if float((1 - hit).sum())
         else None,
         "buckets": buckets,
+        "by_answer_position": by_position,
     }
 
 
@@ -222,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|")
         for b in s["buckets"]:
             print(f"| {b['p1_from']:.1f}-{b['p1_to']:.1f} | {b['share']:.1%} | {fmt(b['step0_accuracy'])} |")
+        print(f"\n| answer tokens | share of positions | draft step-0 accuracy | where p1 >= {SURE} |")
+        print("|---|---|---|---|")
+        for b in s["by_answer_position"]:
+            print(f"| {b['answer_from']}-{b['answer_to'] - 1} | {b['share']:.1%} | {fmt(b['step0_accuracy'])} "
+                  f"| {fmt(b['sure_accuracy'])} |")  # fmt: skip
     return 0
 
 

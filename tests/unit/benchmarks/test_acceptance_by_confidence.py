@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
 from eaglewire.target.identity import build_contract
@@ -42,7 +44,26 @@ def test_fresh_magpie_prompts_are_scored_and_seeded(tmp_path: Path) -> None:
     fresh = sets["magpie-fresh"]
     assert fresh["prompts"] == 3 and fresh["positions"] > 0
     assert sum(b["positions"] for b in fresh["buckets"]) == fresh["positions"]
+    spans = fresh["by_answer_position"]  # 6 new tokens: every scored label is among the first 16
+    assert spans[0]["share"] == 1.0 and spans[0]["step0_accuracy"] == fresh["step0_accuracy"]
     loaded = load_target(str(target_dir), dtype="float32", device="cpu")
     first, again, other = (script.fresh_magpie_prompts(loaded, 3, seed, 0.5) for seed in (5, 5, 6))
     assert first == again and first != other  # the seed decides the prompts
     assert all(p.prompt_id.startswith("magpie:") and p.category == "magpie" for p in first)
+
+
+def test_misses_are_split_by_where_in_the_answer_they_fall() -> None:
+    script = load_script()
+    part = {  # labels at answer tokens 1, 2, 20 and 60; the draft hits the first and the last
+        "p1": torch.tensor([0.95, 0.4, 0.95, 0.99]),
+        "margin": torch.tensor([0.9, 0.05, 0.9, 0.98]),
+        "hit": torch.tensor([True, False, False, True]),
+        "in_draft_vocab": torch.tensor([True, True, True, True]),
+        "answer_pos": torch.tensor([1, 2, 20, 60]),
+    }
+    spans = script.summarise([part])["by_answer_position"]
+    assert [(b["answer_from"], b["answer_to"]) for b in spans] == list(script.ANSWER_SPANS)
+    assert [b["share"] for b in spans] == [0.5, 0.25, 0.25]
+    assert [b["step0_accuracy"] for b in spans] == [0.5, 0.0, 1.0]
+    # the miss at token 2 is not a sure one (p1 0.4)
+    assert [b["sure_accuracy"] for b in spans] == [1.0, 0.0, 1.0]

@@ -255,6 +255,12 @@ class PredictionRow:
                 "prediction_method": self.prediction_method}  # fmt: skip
 
 
+NO_EVALUATION = (
+    "no offline evaluation given (none passed, no train_summary.json beside the draft); fix: pass --eval-data "
+    "with held-out data or --eval-report with the JSON of `eaglewire eval --json`"
+)
+
+
 def prediction_rows(
     predictor: TauPredictor | None, measured: Sequence[tuple[SpecArgs, float | None]]
 ) -> list[PredictionRow]:
@@ -263,7 +269,7 @@ def prediction_rows(
     for spec, tau in measured:
         setting = {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens}
         if predictor is None:
-            rows.append(PredictionRow(setting, None, tau, "no offline evaluation given"))
+            rows.append(PredictionRow(setting, None, tau, NO_EVALUATION))
             continue
         try:
             p = predict_setting(predictor, spec)

@@ -79,6 +79,8 @@ def test_a_chain_deeper_than_the_summary_names_the_fix() -> None:
         assert row.note.startswith("chain length k=3: run/train_summary.json evaluated 2 draft steps; fix: ")
         assert "--eval-data" in row.note and "eaglewire eval --num-steps 3 --json" in row.note
     assert predict_tau(shallow, SpecArgs.chain(2)) == pytest.approx(2.1)
+    (none,) = prediction_rows(None, [(SpecArgs.chain(3), 2.4)])  # nothing found: the same two flags
+    assert none.predicted_tau is None and "--eval-data" in none.note and "--eval-report" in none.note
 
 
 def test_tree_for_spec_picks_the_likeliest_nodes() -> None:

@@ -26,3 +26,22 @@ def test_importing_the_config_or_the_presets_imports_no_torch() -> None:
     code = "import sys, eaglewire.train.config, eaglewire.recipes.presets; sys.exit('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, "importing eaglewire.train.config pulled in torch: " + done.stderr[-2000:]
+
+
+def test_the_three_name_lists_agree() -> None:
+    # __all__ (what `from eaglewire.train import *` and the parametrised test above see), _HOME (where
+    # __getattr__ finds each name) and the TYPE_CHECKING imports (what mypy sees) list the same names.
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(train_pkg.__file__).read_text(encoding="utf-8"))
+    typed = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for imp in node.body
+        if isinstance(imp, ast.ImportFrom)
+        for alias in imp.names
+    }
+    assert set(train_pkg.__all__) == set(train_pkg._HOME) == typed
+    assert len(train_pkg.__all__) == len(set(train_pkg.__all__))

@@ -168,11 +168,12 @@ def summarise(parts: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     by_position = []
     for lo, hi in ANSWER_SPANS:
         sel = (pos >= lo) & (pos < hi)
+        sure = sel & (p1 >= SURE)
         k = int(sel.sum())
         by_position.append(
             {"answer_from": lo, "answer_to": hi, "share": k / n if n else 0.0,
              "step0_accuracy": float(hit[sel].mean()) if k else None,
-             "sure_accuracy": float(hit[sel & (p1 >= SURE)].mean()) if int((sel & (p1 >= SURE)).sum()) else None}
+             "sure_accuracy": float(hit[sure].mean()) if int(sure.sum()) else None}
         )  # fmt: skip
     tie = margin < MARGIN_TIE
     return {

@@ -21,7 +21,7 @@ DataDirKind = Literal["shards", "tokens"]
 
 
 def data_dir_kind(path: Path) -> DataDirKind:
-    """ "shards" or "tokens"; a directory with neither file is an error naming both."""
+    """The kind of data in `path`: shards or tokens; a directory with neither file is an error naming both."""
     path = Path(path)
     if (path / MANIFEST_FILE).exists():
         return "shards"

@@ -17,6 +17,13 @@ A second table splits them by where in the answer the token lies (`ANSWER_SPANS`
 text of the kind the draft trained on, which it never saw. Scored against the training batches'
 own accuracy, that tells memorised data from a draft that cannot fit such text at all.
 
+`--magpie-file RUN/data/magpie_prompts.jsonl` (a quickstart's own Magpie prompts) adds two sets drawn
+from that one file: 'magpie-trained', the first N prompts of its train split (the draft trained on
+their answers), and 'magpie-heldout', the first N of its held-out split (`eaglewire.data.builtin.
+heldout_split`: the same sampling, never trained on). Both are answered here the same way, so the
+gap between them is the draft's generalisation gap on that text, and 'magpie-trained' alone says how
+well it fits text it has seen (its capacity).
+
 Prints a Markdown table per prompt set last; writes --out (JSON).
 """
 
@@ -34,7 +41,9 @@ import torch
 
 from eaglewire.bench.prompts import BenchPrompt, encode_prompt, load_prompt_set
 from eaglewire.bench.report import describe_device, now_iso
+from eaglewire.data.builtin import heldout_split
 from eaglewire.draft.io import load_draft
+from eaglewire.errors import DataFormatError
 from eaglewire.target.capture import capture
 from eaglewire.target.loading import load_target
 from eaglewire.train.ttt import ttt_unroll
@@ -63,6 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--magpie-seed", type=int, default=777,
                    help="their sampling seed (the quickstart samples with seeds 0 up to its round count)")  # fmt: skip
     p.add_argument("--magpie-opened-fraction", type=float, default=0.5, help="as the gpu preset")
+    p.add_argument("--magpie-file", type=Path, default=None,
+                   help="a quickstart's data/magpie_prompts.jsonl: adds 'magpie-trained' and 'magpie-heldout', "
+                        "the first --magpie-file-prompts prompts of its train and held-out splits")  # fmt: skip
+    p.add_argument("--magpie-file-prompts", type=int, default=160, help="prompts per split of --magpie-file")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=Path("acceptance_by_confidence.json"))
     return p.parse_args(argv)
@@ -150,6 +163,29 @@ def fresh_magpie_prompts(target: Any, n: int, seed: int, opened_fraction: float)
     return [BenchPrompt(c.record_id, (("user", c.messages[0].content),), "magpie") for c in convs]
 
 
+def magpie_file_sets(path: Path, n: int) -> dict[str, list[BenchPrompt]]:
+    """The first n prompts of each split of a quickstart's Magpie prompt file: 'magpie-trained' (train
+    split) and 'magpie-heldout' (held-out split). Errors name the file and the split that is short."""
+    prompts = load_prompt_set(path).prompts
+    by_split: dict[str, list[BenchPrompt]] = {"train": [], "eval": []}
+    for prompt in prompts:
+        split = heldout_split(prompt.prompt_id)
+        if split is None:
+            raise DataFormatError(
+                f"{path}: prompt id {prompt.prompt_id!r} is not a Magpie id ('magpie:<hash>'), so its split "
+                f"is unknown",
+                fix="pass the quickstart's own RUN/data/magpie_prompts.jsonl",
+            )
+        by_split[split].append(prompt)
+    short = {k: len(v) for k, v in by_split.items() if len(v) < n}
+    if short:
+        raise DataFormatError(
+            f"{path}: --magpie-file-prompts {n} per split, but it holds only {short} (of {len(prompts)})",
+            fix="pass a smaller --magpie-file-prompts",
+        )
+    return {"magpie-trained": by_split["train"][:n], "magpie-heldout": by_split["eval"][:n]}
+
+
 def summarise(parts: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     p1 = torch.cat([x["p1"] for x in parts])
     margin = torch.cat([x["margin"] for x in parts])
@@ -221,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         prompt_sets["magpie-fresh"] = fresh_magpie_prompts(
             target, args.magpie, args.magpie_seed, args.magpie_opened_fraction
         )
+    if args.magpie_file is not None:
+        prompt_sets.update(magpie_file_sets(args.magpie_file, args.magpie_file_prompts))
     for name, bench_prompts in prompt_sets.items():
         prompts = [encode_prompt(target.tokenizer, p) for p in bench_prompts]
         answers = greedy_answers(target, prompts, args.max_new_tokens, args.batch_size)

@@ -41,6 +41,9 @@
 #               benchmarks/results/h200_quickstart_run19; LEVERS_EXTRA: more flags, e.g. --tree none)
 #   chain_bench plain and the chain of 5 on all held-out chitchat/HumanEval prompts and all of MT-bench
 #               (CHAIN_BENCH_SETS), on the quickstart's draft (or SWEEP_DRAFT)
+#   confidence  benchmarks/acceptance_by_confidence.py on the quickstart's draft (or SWEEP_DRAFT): step-0
+#               accuracy by the target's confidence on MT-bench, held-out chitchat, and the quickstart's own
+#               Magpie prompts, trained on and held out (CONFIDENCE_ARGS: more flags)
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #
@@ -49,7 +52,7 @@
 # stages, export reruns (seconds). FULL_RUN_TINY=1 runs the same plumbing on CPU with a tiny
 # random target and the tiny preset (checks this script; set SMOL to a scratch folder).
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, ROUND_KERNELS_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
-# LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, CHAIN_BENCH_SETS, SWEEP_TIMEOUT_S,
+# LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, CHAIN_BENCH_SETS, CONFIDENCE_ARGS, CONFIDENCE_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS.
 set -uo pipefail
@@ -336,6 +339,22 @@ do_chain_bench() {
   return "$rc"
 }
 
+do_confidence() {
+  # Does the draft fit the Magpie text it trained on better than the same kind of text held out (a
+  # generalisation gap), or both alike (what one draft layer can fit)? MT-bench and chitchat beside them.
+  local d out="$results/acceptance_by_confidence.json" sizes=(--num-prompts 80 --magpie-file-prompts 160)
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: confidence skipped"; return 1; }
+  [ -f "$out" ] && { say "confidence results exist: $out"; return 0; }
+  [ -f "$qs/data/magpie_prompts.jsonl" ] || { say "no $qs/data/magpie_prompts.jsonl: confidence skipped"; return 1; }
+  [ "$TINY" = 1 ] && sizes=(--num-prompts 1 --magpie-file-prompts 1 --max-new-tokens 8)
+  # shellcheck disable=SC2086 # CONFIDENCE_ARGS: extra flags, word-split on purpose
+  timeout "${CONFIDENCE_TIMEOUT_S:-300}" "$PY" benchmarks/acceptance_by_confidence.py --target "$target" --draft "$d" \
+    --prompts mt-bench,chitchat-eval --magpie-file "$qs/data/magpie_prompts.jsonl" --batch-size 64 \
+    --device "$([ "$TINY" = 1 ] && echo cpu || echo cuda)" "${sizes[@]}" --out "$out" ${CONFIDENCE_ARGS:-} 2>&1 \
+    | grep -v "Loading weights" | tail -n 90 | tee "$results/acceptance_by_confidence.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 do_draft_unpack() {
   local parts="$SMOL/draft_parts" out="$runs/carried/draft"
   [ -f "$out/config.json" ] && { say "carried draft already rebuilt: $out"; return 0; }
@@ -365,7 +384,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | sweep | export | gpu_tests)
+    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 from eaglewire.draft.init import init_draft
@@ -67,3 +68,58 @@ def test_misses_are_split_by_where_in_the_answer_they_fall() -> None:
     assert [b["step0_accuracy"] for b in spans] == [0.5, 0.0, 1.0]
     # the miss at token 2 is not a sure one (p1 0.4)
     assert [b["sure_accuracy"] for b in spans] == [1.0, 0.0, 1.0]
+
+
+def _magpie_file(path: Path, per_split: int) -> Path:
+    """A Magpie prompt file as the quickstart writes it, with `per_split` prompts in each split."""
+    from eaglewire.data.builtin import heldout_split
+
+    rows: list[dict[str, object]] = []
+    counts = {"train": 0, "eval": 0}
+    i = 0
+    while min(counts.values()) < per_split:
+        rid = f"magpie:{i:016x}"
+        split = heldout_split(rid)
+        assert split is not None
+        if counts[split] < per_split:
+            counts[split] += 1
+            rows.append({"id": rid, "messages": [{"role": "user", "content": f"Write note {i} ({split})."}]})
+        i += 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_magpie_file_is_split_into_trained_and_heldout_sets(tmp_path: Path) -> None:
+    script = load_script()
+    from eaglewire.errors import DataFormatError
+
+    prompts = _magpie_file(tmp_path / "magpie_prompts.jsonl", per_split=3)
+    sets = script.magpie_file_sets(prompts, 2)
+    assert list(sets) == ["magpie-trained", "magpie-heldout"]
+    assert [len(v) for v in sets.values()] == [2, 2]
+    assert all("(train)" in p.messages[0][1] for p in sets["magpie-trained"])
+    assert all("(eval)" in p.messages[0][1] for p in sets["magpie-heldout"])
+    with pytest.raises(DataFormatError, match=r"magpie_prompts.jsonl.*'train': 3") as short:
+        script.magpie_file_sets(prompts, 4)
+    assert "--magpie-file-prompts" in str(short.value)
+    other = tmp_path / "other.jsonl"
+    row = {"id": "mine:1", "messages": [{"role": "user", "content": "hello there"}]}
+    other.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataFormatError, match=r"other.jsonl: prompt id 'mine:1'"):
+        script.magpie_file_sets(other, 1)
+
+
+def test_magpie_file_sets_are_scored(tmp_path: Path) -> None:
+    script = load_script()
+    target = make_tiny_target("llama", num_layers=4)
+    contract = build_contract(target, (1, 2, 3))
+    target_dir = save_tiny_target(target, tmp_path / "target")
+    draft_dir = save_draft(init_draft(target, contract), contract, tmp_path / "draft")
+    prompts = _magpie_file(tmp_path / "magpie_prompts.jsonl", per_split=2)
+    out = tmp_path / "conf.json"
+    argv = ["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", "", "--magpie-file",
+            str(prompts), "--magpie-file-prompts", "2", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
+    assert script.main(argv) == 0
+    sets = json.loads(out.read_text())["sets"]
+    assert list(sets) == ["magpie-trained", "magpie-heldout"]
+    assert all(s["prompts"] == 2 and s["positions"] > 0 for s in sets.values())

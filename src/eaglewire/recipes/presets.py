@@ -348,6 +348,10 @@ PRESETS: dict[str, QuickstartPreset] = {
         # first 8, all 80 MT-bench), the gain smaller than at 1,000 steps.
         learning_rate=2e-3,
         max_length=1024,
+        # 16 rows, not 8: at 200 s 8-row batches ran 1.9x the steps and scored +0.01 to +0.08 (BENCHMARKS.md
+        # 2za), but over the whole 840 s they trained 19% fewer tokens (107.6k against 131.2k tok/s) and lost on
+        # every set: served chains 3.54 / 3.12 / 2.51 against 3.70 / 3.31 / 2.54, the MT-bench tree 4.17 against
+        # 4.34 (H200 run 29, 2zc)
         batch_size=16,
         # The held-out prompts whose answers the eval stage replays (eval_conversations: chitchat's first
         # 64, HumanEval's 33), not their first 8: run 21's draft served chitchat's first 8 at chain tau 3.13

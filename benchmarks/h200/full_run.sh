@@ -43,7 +43,8 @@
 #               (CHAIN_BENCH_SETS), on the quickstart's draft (or SWEEP_DRAFT)
 #   confidence  benchmarks/acceptance_by_confidence.py on the quickstart's draft (or SWEEP_DRAFT): step-0
 #               accuracy by the target's confidence on MT-bench, held-out chitchat, and the quickstart's own
-#               Magpie prompts, trained on and held out (CONFIDENCE_ARGS: more flags)
+#               Magpie prompts, trained on and held out (CONFIDENCE_ARGS: more flags); then `eaglewire eval` on
+#               the first 256 training records (fit_train.json: the fit on the exact text trained on)
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #
@@ -352,7 +353,12 @@ do_confidence() {
     --prompts mt-bench,chitchat-eval --magpie-file "$qs/data/magpie_prompts.jsonl" --batch-size 64 \
     --device "$([ "$TINY" = 1 ] && echo cpu || echo cuda)" "${sizes[@]}" --out "$out" ${CONFIDENCE_ARGS:-} 2>&1 \
     | grep -v "Loading weights" | tail -n 90 | tee "$results/acceptance_by_confidence.txt"
-  return "${PIPESTATUS[0]}"
+  local rc=${PIPESTATUS[0]}
+  # The fit on the exact text trained on (bf16 answers, every source), by the evaluator of the quickstart's
+  # eval stage: set beside qs_eval.json's held-out accuracy, the gap is the draft's generalisation gap.
+  ew eval --draft "$d" --target "$target" --data "$qs/data/train" --max-records "$([ "$TINY" = 1 ] && echo 4 || echo 256)" \
+    --num-steps 5 --batch-size 8 --json > "$results/fit_train.json" 2> >(grep -v "Loading weights" >&2) || rc=1
+  return "$rc"
 }
 
 do_draft_unpack() {

@@ -43,7 +43,7 @@ from eaglewire.bench.prompts import BenchPrompt, encode_prompt, load_prompt_set
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.data.builtin import heldout_split
 from eaglewire.draft.io import load_draft
-from eaglewire.errors import DataFormatError
+from eaglewire.errors import ConfigError, DataFormatError
 from eaglewire.target.capture import capture
 from eaglewire.target.loading import load_target
 from eaglewire.train.ttt import ttt_unroll
@@ -166,6 +166,8 @@ def fresh_magpie_prompts(target: Any, n: int, seed: int, opened_fraction: float)
 def magpie_file_sets(path: Path, n: int) -> dict[str, list[BenchPrompt]]:
     """The first n prompts of each split of a quickstart's Magpie prompt file: 'magpie-trained' (train
     split) and 'magpie-heldout' (held-out split). Errors name the file and the split that is short."""
+    if n < 1:
+        raise ConfigError(f"--magpie-file-prompts: expected at least 1 prompt per split, got {n}")
     prompts = load_prompt_set(path).prompts
     by_split: dict[str, list[BenchPrompt]] = {"train": [], "eval": []}
     for prompt in prompts:

@@ -91,7 +91,7 @@ def _magpie_file(path: Path, per_split: int) -> Path:
 
 def test_magpie_file_is_split_into_trained_and_heldout_sets(tmp_path: Path) -> None:
     script = load_script()
-    from eaglewire.errors import DataFormatError
+    from eaglewire.errors import ConfigError, DataFormatError
 
     prompts = _magpie_file(tmp_path / "magpie_prompts.jsonl", per_split=3)
     sets = script.magpie_file_sets(prompts, 2)
@@ -107,6 +107,8 @@ def test_magpie_file_is_split_into_trained_and_heldout_sets(tmp_path: Path) -> N
     other.write_text(json.dumps(row) + "\n")
     with pytest.raises(DataFormatError, match=r"other.jsonl: prompt id 'mine:1'"):
         script.magpie_file_sets(other, 1)
+    with pytest.raises(ConfigError, match="--magpie-file-prompts: expected at least 1"):
+        script.magpie_file_sets(prompts, 0)
 
 
 def test_magpie_file_sets_are_scored(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ variant whose step costs more is charged for it). The JSON
 is rewritten after each variant, and a rerun with the same arguments skips the variants it holds.
 `--data shards` trains from `RUN/data/train_shards` as a quickstart with `train_from_shards` does (the cpu
 preset; `online` by default, as the gpu preset), so a CPU screen times what that quickstart trains.
+`--fit-records N` also scores every variant on the first N records of `RUN/data/train`, the text it trained on
+(`fit_acc`): a variant that lifts the held-out accuracy without lifting its fit generalises better; one that lifts
+its fit has more room (BENCHMARKS.md 2zc: the preset's draft fits its own Magpie prompts at 0.770, their held-out
+twins at 0.705).
 `--deadline` (a unix time; full_run.sh sets it from its step's timeout) skips a variant that would not be
 scored by then, rather than train one that the timeout cuts during its scoring (H200 run 25, ttt5).
 """
@@ -95,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--served-dtype", default="bfloat16", help="the target's dtype for the served replay")
     ap.add_argument("--horizon", type=int, default=128, help="tokens per answer replayed (the decode length)")
     ap.add_argument("--eval-max-records", type=int, default=0, help="held-out records scored (0 = all)")
+    ap.add_argument("--fit-records", type=int, default=0,
+                    help="also score each variant on the first N records of RUN/data/train, the text it trained on "
+                         "(whole responses): its fit, beside the held-out accuracy (0 = not scored)")  # fmt: skip
     ap.add_argument("--device", default=None)
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="unix time by which every started variant must be scored: one that would end later is "
@@ -179,6 +186,19 @@ def replay_scores(
 
 
 ServedText = tuple[list[list[int]], MethodResult]  # a bench's prompts (token ids) and its plain runs
+
+
+def fit_scores(
+    target: str, draft_dir: Path, train_dir: Path, *, ttt_steps: int, max_records: int, device: str | None
+) -> dict[str, Any]:
+    """Accuracy per step on the first `max_records` training records (whole responses): how well the
+    variant fits text it trained on. Set beside the held-out accuracy it splits a gap in two: a
+    variant that fits its training text no better cannot be lifted by more data of that kind."""
+    predictor = evaluate_predictor(
+        draft_dir, target, train_dir, num_steps=ttt_steps, max_records=max_records, device=device
+    )
+    summary = predictor.summary()
+    return {"fit_acc": summary["acc"], "fit_records": max_records, "fit_positions": summary["valid_rows"][0]}
 
 
 def served_scores(
@@ -278,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
                                      tree=tree if args.heldout_tree else None, horizon=args.horizon,
                                      ttt_steps=config.ttt_steps,
                                      max_records=args.eval_max_records, device=args.device)})  # fmt: skip
+        if args.fit_records:
+            rows[-1].update(fit_scores(args.target, trained.draft_dir, args.run / "data" / "train",
+                                       ttt_steps=config.ttt_steps, max_records=args.fit_records,
+                                       device=args.device))  # fmt: skip
         if served_target is not None:
             rows[-1]["served"] = served_scores(
                 served_target, trained.draft_dir, texts, chain=args.chain, tree=tree
@@ -293,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = {"tau_chain": "chain", "tau_tree_static": "tree"} if served_trees else {"tau_chain": "chain"}
     print(f"{'variant':<14} {'steps':>6} {'train s':>8} {'chain ' + str(args.chain):>8} {'tree':>6}  "
           + "".join(f"{n[cut:][:13] + ' ' + label:>20}" for n in served_names for label in kinds.values())
-          + "  held-out acc per step")  # fmt: skip
+          + "  held-out acc per step" + ("  (fit: the same on trained records)" if args.fit_records else ""))  # fmt: skip
     for r in rows:
         acc = " ".join(f"{a:.3f}" for a in r["acc"][: args.chain + 1])
         tree_tau = "-" if r["tau_tree"] is None else f"{r['tau_tree']:.3f}"
@@ -302,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in served_names
             for k in kinds
         )
+        fit = " ".join(f"{a:.3f}" for a in r.get("fit_acc", [])[: args.chain + 1])
         print(f"{r['variant']:<14} {r['optimizer_steps']:>6} {r['train_seconds']:>8.1f} "
-              f"{r['tau_chain']:8.3f} {tree_tau:>6}{served}  {acc}")  # fmt: skip
+              f"{r['tau_chain']:8.3f} {tree_tau:>6}{served}  {acc}" + (f"  (fit: {fit})" if fit else ""))  # fmt: skip
     return 0
 
 

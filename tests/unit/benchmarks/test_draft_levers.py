@@ -86,6 +86,26 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
     assert json.loads(out.read_text())["rows"] == list(rows.values())
 
 
+def test_fit_records_score_the_variant_on_the_text_it_trained_on(run_dir: Path, tmp_path: Path) -> None:
+    from eaglewire.train.run import run_eval
+
+    out = tmp_path / "fit.json"
+    done = levers(run_dir, out, ["base"], extra=["--fit-records", "4"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["fit_records"] == 4 and len(row["fit_acc"]) == 2  # tiny's ttt_steps=2 (SMALL)
+    direct = {
+        split: run_eval(draft_dir=tmp_path / "fit" / "base" / "draft", target=str(run_dir / "target"),
+                        data_dir=run_dir / "run" / "data" / split, num_steps=2, max_records=4, device="cpu").summary()
+        for split in ("train", "eval")
+    }  # fmt: skip
+    assert row["fit_acc"] == pytest.approx(direct["train"]["acc"])  # the first 4 training records, whole
+    # 3 steps leave both accuracies at 0 here: the answer positions scored tell the splits apart
+    assert direct["train"]["valid_rows"][0] != direct["eval"]["valid_rows"][0]
+    assert row["fit_positions"] == direct["train"]["valid_rows"][0]
+    assert "(fit: " in done.stdout
+
+
 def test_a_variant_that_would_end_after_the_deadline_is_skipped_not_started(
     run_dir: Path, tmp_path: Path
 ) -> None:

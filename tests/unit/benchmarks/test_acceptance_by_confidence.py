@@ -30,12 +30,17 @@ def load_script() -> ModuleType:
     return module
 
 
-def test_fresh_magpie_prompts_are_scored_and_seeded(tmp_path: Path) -> None:
-    script = load_script()
+def _tiny_target_and_draft(tmp_path: Path) -> tuple[Path, Path]:
+    """A saved tiny target and an untrained draft for it: what the script loads from disk."""
     target = make_tiny_target("llama", num_layers=4)
     contract = build_contract(target, (1, 2, 3))
     target_dir = save_tiny_target(target, tmp_path / "target")
-    draft_dir = save_draft(init_draft(target, contract), contract, tmp_path / "draft")
+    return target_dir, save_draft(init_draft(target, contract), contract, tmp_path / "draft")
+
+
+def test_fresh_magpie_prompts_are_scored_and_seeded(tmp_path: Path) -> None:
+    script = load_script()
+    target_dir, draft_dir = _tiny_target_and_draft(tmp_path)
     out = tmp_path / "conf.json"
     argv = ["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", "", "--magpie", "3",
             "--magpie-seed", "5", "--max-new-tokens", "6", "--out", str(out)]  # fmt: skip
@@ -113,10 +118,7 @@ def test_magpie_file_is_split_into_trained_and_heldout_sets(tmp_path: Path) -> N
 
 def test_magpie_file_sets_are_scored(tmp_path: Path) -> None:
     script = load_script()
-    target = make_tiny_target("llama", num_layers=4)
-    contract = build_contract(target, (1, 2, 3))
-    target_dir = save_tiny_target(target, tmp_path / "target")
-    draft_dir = save_draft(init_draft(target, contract), contract, tmp_path / "draft")
+    target_dir, draft_dir = _tiny_target_and_draft(tmp_path)
     prompts = _magpie_file(tmp_path / "magpie_prompts.jsonl", per_split=2)
     out = tmp_path / "conf.json"
     argv = ["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", "", "--magpie-file",

@@ -25,7 +25,9 @@ chain and lose on the 8-step tree.
 
 A variant is a name and `field=value` pairs: any `TrainConfig` field (a list as `a,b`, e.g.
 `source_repeats=chitchat:2,humaneval:4`), `aux_boundaries` (the target boundaries the draft reads;
-SGLang and vLLM take exactly three), `draft_intermediate_size`, or `draft_vocab_size` (Vd: the
+SGLang and vLLM take exactly three), `draft_intermediate_size` (the draft layer's MLP width),
+`draft_num_attention_heads` (its query heads; key/value heads keep the target's grouping), or
+`draft_vocab_size` (Vd: the
 variant's vocabulary is chosen afresh from RUN/data/train by the quickstart's rule; the row
 records its coverage of the loss tokens).
 `--set field=value` applies to every variant (the CPU check shrinks the recipe with it; `--set
@@ -72,7 +74,8 @@ from eaglewire.train.evaluate import FIRST_ANSWER
 from eaglewire.train.run import run_training
 from eaglewire.typed_config import from_dict
 
-RUN_FIELDS = ("aux_boundaries", "draft_intermediate_size")  # run_training arguments, not TrainConfig fields
+# run_training arguments, not TrainConfig fields
+RUN_FIELDS = ("aux_boundaries", "draft_intermediate_size", "draft_num_attention_heads")
 VOCAB_FIELD = "draft_vocab_size"  # a vocabulary chosen from the run's training data, not the run's own
 
 

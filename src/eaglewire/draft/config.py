@@ -87,14 +87,24 @@ def draft_config_for_target(
     num_aux: int,
     draft_vocab_size: int | None = None,
     intermediate_size: int | None = None,
+    num_attention_heads: int | None = None,
 ) -> DraftConfig:
-    """A draft shaped like one decoder layer of the target (EAGLE-3's default); `intermediate_size`
-    widens (or narrows) its MLP, the one part of the layer SGLang and vLLM size from the draft's
-    own config."""
+    """A draft shaped like one decoder layer of the target (EAGLE-3's default). `intermediate_size`
+    widens (or narrows) its MLP; `num_attention_heads` changes its query heads, with the key/value
+    heads scaled to keep the target's grouping and each head the target's size. SGLang and vLLM build
+    the draft layer from the draft's own config, so both travel with an export."""
     if intermediate_size is not None and intermediate_size < 1:
         raise ConfigError(f"draft intermediate_size: expected >= 1, got {intermediate_size}")
     H = int(target_config.hidden_size)
-    heads = int(target_config.num_attention_heads)
+    target_heads = int(target_config.num_attention_heads)
+    target_kv_heads = int(getattr(target_config, "num_key_value_heads", None) or target_heads)
+    group = max(1, target_heads // target_kv_heads)  # query heads per key/value head
+    heads = target_heads if num_attention_heads is None else num_attention_heads
+    if heads < 1 or heads % group:
+        raise ConfigError(
+            f"draft num_attention_heads: expected a positive multiple of {group} (the target's "
+            f"num_attention_heads={target_heads} / num_key_value_heads={target_kv_heads}), got {heads}"
+        )
     rope = dict(
         getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
     )
@@ -102,11 +112,11 @@ def draft_config_for_target(
         hidden_size=H,
         intermediate_size=int(intermediate_size or target_config.intermediate_size),
         num_attention_heads=heads,
-        num_key_value_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
+        num_key_value_heads=heads // group,
         # MLA targets (DeepSeek) have no Llama-style head_dim; the draft layer is plain Llama attention.
-        head_dim=H // heads
+        head_dim=H // target_heads
         if hasattr(target_config, "kv_lora_rank")
-        else int(getattr(target_config, "head_dim", None) or H // heads),
+        else int(getattr(target_config, "head_dim", None) or H // target_heads),
         vocab_size=int(target_config.vocab_size),
         draft_vocab_size=int(draft_vocab_size or target_config.vocab_size),
         target_hidden_size=H,

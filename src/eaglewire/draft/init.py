@@ -24,16 +24,23 @@ def init_draft(
     draft_to_target: Sequence[int] | torch.Tensor | None = None,
     config: DraftConfig | None = None,
     intermediate_size: int | None = None,
+    num_attention_heads: int | None = None,
     seed: int = 0,
 ) -> Eagle3Draft:
     """A fresh draft: target embeddings (frozen by training by default) and lm_head rows copied from
     the target's lm_head for the draft vocabulary, the rest randomly initialised with `seed`.
-    intermediate_size: the draft layer's MLP width (None: the target's), when `config` is None."""
-    if config is not None and intermediate_size is not None:
-        raise ConfigError(
-            f"init_draft: config (intermediate_size={config.intermediate_size}) and intermediate_size="
-            f"{intermediate_size} both given; set it in the config"
-        )
+    intermediate_size / num_attention_heads: the draft layer's MLP width and query heads (None: the
+    target's), when `config` is None."""
+    if config is not None:
+        for name, asked in (
+            ("intermediate_size", intermediate_size),
+            ("num_attention_heads", num_attention_heads),
+        ):
+            if asked is not None:
+                raise ConfigError(
+                    f"init_draft: config ({name}={getattr(config, name)}) and {name}={asked} both given; "
+                    "set it in the config"
+                )
     if draft_to_target is not None:
         d2t = torch.as_tensor(draft_to_target, dtype=torch.long)
     else:
@@ -43,6 +50,7 @@ def init_draft(
         num_aux=contract.num_aux,
         draft_vocab_size=len(d2t),
         intermediate_size=intermediate_size,
+        num_attention_heads=num_attention_heads,
     )
     if cfg.draft_vocab_size != len(d2t):
         raise ConfigError(f"draft_vocab_size={cfg.draft_vocab_size} but the vocab map has {len(d2t)} entries")

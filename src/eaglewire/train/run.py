@@ -122,14 +122,15 @@ def run_training(
     aux_boundaries: list[int] | None = None,
     draft_to_target: torch.Tensor | None = None,
     draft_intermediate_size: int | None = None,
+    draft_num_attention_heads: int | None = None,
     device: str | None = None,
     target_dtype: str | None = None,
     progress: bool = True,
     ctx: DistContext | None = None,
 ) -> TrainResult:
     """Train a draft from `data_dir` into `out_dir` (see `eaglewire train --help`).
-    draft_intermediate_size: the fresh draft's MLP width (None: the target's); a draft that is
-    resumed or given by `draft_init` must already have it."""
+    draft_intermediate_size / draft_num_attention_heads: the fresh draft's MLP width and query heads
+    (None: the target's); a draft that is resumed or given by `draft_init` must already have them."""
     ctx = ctx or init_distributed(device)
     dtype = target_dtype or default_target_dtype(ctx.device)
     data = open_data(data_dir)
@@ -145,14 +146,18 @@ def run_training(
     elif draft_init is not None:
         draft, contract = load_draft(draft_init)
     if latest is not None or draft_init is not None:
-        have = draft.config.intermediate_size
-        if draft_intermediate_size is not None and draft_intermediate_size != have:
-            raise ConfigError(
-                f"draft intermediate_size {draft_intermediate_size} asked, but the "
-                f"{'checkpoint ' + str(latest) if latest is not None else '--draft-init ' + str(draft_init)} "
-                f"has {have}",
-                fix="drop the draft intermediate size, or train into a new --out without --draft-init",
-            )
+        source = f"checkpoint {latest}" if latest is not None else f"--draft-init {draft_init}"
+        for name, asked in (
+            ("intermediate_size", draft_intermediate_size),
+            ("num_attention_heads", draft_num_attention_heads),
+        ):
+            have = getattr(draft.config, name)
+            if asked is not None and asked != have:
+                raise ConfigError(
+                    f"draft {name} {asked} asked, but the {source} has {have}",
+                    fix=f"drop the draft {name.replace('_', ' ')}, or train into a new --out without "
+                    "--draft-init",
+                )
     else:
         loaded = load_target(target, dtype=dtype, device=ctx.device)
         boundaries = aux_boundaries or (list(data.contract.aux_boundaries) if data.contract else None)
@@ -165,6 +170,7 @@ def run_training(
             contract,
             draft_to_target=draft_to_target,
             intermediate_size=draft_intermediate_size,
+            num_attention_heads=draft_num_attention_heads,
             seed=config.seed,
         )
     if data.kind == "offline" and loaded is not None:

@@ -62,11 +62,12 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
         ["aux", "aux_boundaries=1,4,8"],
         ["mix", "source_repeats=rec-1-0:3"],  # make_records' ids have no ':', so each id is its own source
         ["vocab", "draft_vocab_size=96"],
+        ["heads", "draft_num_attention_heads=8"],
     )
     done = levers(run_dir, out, *variants)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["base", "decay1", "aux", "mix", "vocab"]
+    assert list(rows) == ["base", "decay1", "aux", "mix", "vocab", "heads"]
     for r in rows.values():
         assert r["optimizer_steps"] == 3
         assert 1.0 <= r["tau_chain"] <= 3.0 and 1.0 <= r["tau_tree"] <= 3.0
@@ -81,8 +82,10 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
     assert rows["vocab"]["vocab_coverage"] > rows["base"]["vocab_coverage"]
     vocab_draft = json.loads((tmp_path / "levers" / "vocab" / "draft" / "config.json").read_text())
     assert vocab_draft["draft_vocab_size"] == 96  # the variant's own vocabulary reached the draft
+    heads_draft = json.loads((tmp_path / "levers" / "heads" / "draft" / "config.json").read_text())
+    assert (heads_draft["num_attention_heads"], heads_draft["num_key_value_heads"]) == (8, 4)  # tiny: 4 / 2
     again = levers(run_dir, out, *variants, extra=["--deadline", "1"])  # the deadline is not part of the key
-    assert again.returncode == 0 and "5 variant(s) already scored" in again.stdout
+    assert again.returncode == 0 and "6 variant(s) already scored" in again.stdout
     assert json.loads(out.read_text())["rows"] == list(rows.values())
 
 

@@ -130,3 +130,38 @@ def test_a_wider_mlp_is_built_saved_and_exported_with_its_width(setup, tmp_path)
         init_draft(target, contract, config=default.config, intermediate_size=8)
     with pytest.raises(ConfigError, match="intermediate_size: expected >= 1, got 0"):
         draft_config_for_target(target.config, num_aux=contract.num_aux, intermediate_size=0)
+
+
+def test_more_attention_heads_keep_the_targets_grouping_and_reach_the_export(setup, tmp_path):
+    """init_draft(num_attention_heads=...) sets the draft layer's query heads; its key/value heads keep
+    the target's grouping and each head the target's size; the shape survives save/load and reaches
+    the engine config an export writes. A head count the grouping cannot split names both fields."""
+    from eaglewire.draft.config import draft_config_for_target
+    from eaglewire.export.engine_config import llama_layer_dict
+
+    target, contract, default = setup
+    cfg = default.config
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    heads = 2 * cfg.num_attention_heads
+    draft = init_draft(target, contract, num_attention_heads=heads)
+    assert (draft.config.num_attention_heads, draft.config.num_key_value_heads) == (heads, heads // group)
+    assert draft.config.head_dim == cfg.head_dim
+    assert draft.layer.self_attn.q_proj.weight.shape == (heads * cfg.head_dim, 2 * cfg.hidden_size)
+    assert draft.layer.self_attn.o_proj.weight.shape == (cfg.hidden_size, heads * cfg.head_dim)
+    save_draft(draft, contract, tmp_path)
+    loaded, _ = load_draft(tmp_path)
+    layer = llama_layer_dict(loaded.config, vocab_size=target.vocab_size, dtype="bfloat16")
+    assert (layer["num_attention_heads"], layer["num_key_value_heads"], layer["head_dim"]) == (
+        heads,
+        heads // group,
+        cfg.head_dim,
+    )
+    with pytest.raises(
+        ConfigError, match=r"config \(num_attention_heads=\d+\) and num_attention_heads=8 both given"
+    ):
+        init_draft(target, contract, config=cfg, num_attention_heads=8)
+    if group > 1:
+        with pytest.raises(ConfigError, match=rf"expected a positive multiple of {group} .*got {group + 1}"):
+            draft_config_for_target(target.config, num_aux=contract.num_aux, num_attention_heads=group + 1)
+    with pytest.raises(ConfigError, match="expected a positive multiple .*got 0"):
+        draft_config_for_target(target.config, num_aux=contract.num_aux, num_attention_heads=0)

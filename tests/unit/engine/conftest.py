@@ -84,11 +84,12 @@ def tiny() -> Tiny:
     return Tiny(target, contract, init_draft(target, contract).eval(), prompts, references)
 
 
-def train_draft(tiny: Tiny, steps: int = TRAIN_STEPS) -> Eagle3Draft:
+def train_draft(tiny: Tiny, steps: int = TRAIN_STEPS, num_attention_heads: int | None = None) -> Eagle3Draft:
     """A draft that agrees with the target often: next-token cross-entropy on the target's own
     greedy text (rows (aux_t, x_t+1) -> target argmax at t+1), plus a second unrolled step that
-    feeds the draft's hidden back (so depth >= 2 also gets accepted)."""
-    draft = init_draft(tiny.target, tiny.contract, seed=1)
+    feeds the draft's hidden back (so depth >= 2 also gets accepted). num_attention_heads: the draft
+    layer's query heads (None: the target's)."""
+    draft = init_draft(tiny.target, tiny.contract, num_attention_heads=num_attention_heads, seed=1)
     rows = []
     for prompt, ref in zip(tiny.prompts[:3], tiny.references[:3], strict=True):
         seq = torch.tensor([prompt + ref])

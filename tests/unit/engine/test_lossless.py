@@ -12,7 +12,7 @@ from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
-from tests.unit.engine.conftest import REFERENCE_TOKENS, RUNNER_KINDS, inside_blocks
+from tests.unit.engine.conftest import REFERENCE_TOKENS, RUNNER_KINDS, inside_blocks, train_draft
 
 SPECS = {"chain": SpecArgs.chain(4), "tree": SpecArgs(num_steps=4, topk=3, num_draft_tokens=8)}
 
@@ -40,6 +40,25 @@ def test_greedy_equals_plain(tiny, trained, kind, shape, which):
         assert mean_tau > 1.5, taus
     else:
         assert mean_tau >= 1.0
+
+
+def test_a_draft_with_more_attention_heads_than_the_target_decodes_losslessly(tiny):
+    """The drafter sizes its KV cache and attention from the draft's own config, not the target's."""
+    heads = 2 * tiny.target.config.num_attention_heads
+    draft = train_draft(tiny, num_attention_heads=heads)
+    assert (draft.config.num_attention_heads, draft.config.num_key_value_heads) == (
+        heads,
+        2 * tiny.target.config.num_key_value_heads,
+    )
+    for kind in RUNNER_KINDS:
+        for shape, spec in SPECS.items():
+            dec = decoder(tiny, draft, spec, kind)
+            taus = []
+            for prompt, reference in zip(tiny.prompts, tiny.references, strict=True):
+                result = dec.generate(prompt, max_new_tokens=REFERENCE_TOKENS)
+                assert result.token_ids == reference, f"{kind}/{shape}: prompt {prompt[:6]}..."
+                taus.append(result.tau)
+            assert sum(taus) / len(taus) > 1.5, (kind, shape, taus)  # drafted tokens were accepted
 
 
 @pytest.mark.parametrize("kind", RUNNER_KINDS)

@@ -240,6 +240,24 @@ def test_a_wider_draft_trains_and_a_clashing_width_is_refused(disk, tmp_path):
     assert json.loads((tmp_path / "d" / "config.json").read_text())["intermediate_size"] == 80
 
 
+def test_more_draft_attention_heads_train_and_a_clashing_count_is_refused(disk, tmp_path):
+    """run_training(draft_num_attention_heads=...) gives a fresh draft that many query heads; asking
+    another count of a --draft-init draft names both before anything is trained."""
+    from eaglewire.train.config import TrainConfig
+    from eaglewire.train.run import run_training
+
+    config = TrainConfig(ttt_steps=2, batch_size=4, max_length=64, max_steps=1)
+    common = dict(target=str(disk / "target"), data_dir=disk / "tokens", config=config, progress=False)
+    trained = run_training(out_dir=tmp_path / "heads", draft_num_attention_heads=8, **common)
+    cfg = json.loads((trained.draft_dir / "config.json").read_text())
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (8, 4)  # the tiny target: 4 / 2
+    with pytest.raises(ConfigError, match="draft num_attention_heads 4 asked, but the --draft-init .* has 8"):
+        run_training(
+            out_dir=tmp_path / "again", draft_init=trained.draft_dir, draft_num_attention_heads=4, **common
+        )
+    assert not (tmp_path / "again").exists()
+
+
 def test_source_repeats_weigh_shard_records_by_their_ids(disk, tmp_path):
     """--source-repeats reads the shards' record ids (make_records' ids have no ':', so each id is its
     own source): the named records fill more rows, so the same epochs take more optimizer steps; a

@@ -27,9 +27,8 @@ A variant is a name and `field=value` pairs: any `TrainConfig` field (a list as 
 `source_repeats=chitchat:2,humaneval:4`), `aux_boundaries` (the target boundaries the draft reads;
 SGLang and vLLM take exactly three), `draft_intermediate_size` (the draft layer's MLP width),
 `draft_num_attention_heads` (its query heads; key/value heads keep the target's grouping), or
-`draft_vocab_size` (Vd: the
-variant's vocabulary is chosen afresh from RUN/data/train by the quickstart's rule; the row
-records its coverage of the loss tokens).
+`draft_vocab_size` (Vd: the variant's vocabulary is chosen afresh from RUN/data/train by the
+quickstart's rule; the row records its coverage of the loss tokens).
 `--set field=value` applies to every variant (the CPU check shrinks the recipe with it; `--set
 max_steps=0 max_seconds=200` trains every variant for the same time instead of the same steps, so a
 variant whose step costs more is charged for it). The JSON

@@ -27,7 +27,8 @@
 #   capture     benchmarks/capture_speed.py on the reference target (issue 4)
 #   quickstart  eaglewire quickstart --preset gpu --out $SMOL/runs/quickstart (its stages resume)
 #   sweep       eaglewire bench --sweep on the trained draft (writes best_setting.json into the draft)
-#   export      eaglewire export --format sglang|vllm from the draft: picks up best_setting.json
+#   export      eaglewire export --format sglang|vllm from the draft (picks up best_setting.json), then
+#               eaglewire doctor on each export against the live target
 #   gpu_tests   pytest tests/gpu (CUDA-only tests)
 #   loop_profile benchmarks/loop_profile.py: a round's components, and wall vs GPU kernel time per decoding step
 #   round_kernels benchmarks/round_kernels.py: a round's parts kernel by kernel, per target attention choice
@@ -372,11 +373,15 @@ do_draft_unpack() {
 }
 
 do_export() {
+  # Each export, then the doctor on it against the live target (what the quickstart's doctor stage checks).
   local d fmt rc=0
   d=$(draft_dir) || { say "no trained draft: export skipped"; return 1; }
   [ -f "$d/best_setting.json" ] || say "no best_setting.json in $d: export uses the default chain"
   for fmt in sglang vllm; do
     ew export --draft "$d" --format "$fmt" --out "$runs/export_best/$fmt" 2>&1 | tee "$results/export_$fmt.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; continue; }
+    ew doctor --draft "$runs/export_best/$fmt" --target "$target" 2>&1 | grep -v "Loading weights" \
+      | tee "$results/doctor_$fmt.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   done
   return "$rc"

@@ -353,6 +353,14 @@ PRESETS: dict[str, QuickstartPreset] = {
         # every set: served chains 3.54 / 3.12 / 2.51 against 3.70 / 3.31 / 2.54, the MT-bench tree 4.17 against
         # 4.34 (H200 run 29, 2zc)
         batch_size=16,
+        # 4,608 (8x the hidden size), not the target's 1,536: at 200 s a 3x MLP cost 1.4% of the optimizer
+        # steps and lifted the served chains +0.07 / +0.14 / +0.01 (BENCHMARKS.md 2zd; 2x heads or a 6x MLP
+        # less). Over the whole 840 s (H200 run 31, 2ze) chain tau on all held-out chitchat / HumanEval /
+        # MT-bench 3.73 / 3.45 / 2.58, the 97 held-out pooled 3.59 (run 28 at 1,536: 3.70 / 3.31 / 2.54,
+        # pooled 3.50); a chain round 1-5% dearer against plain's forward, so the speed-ups over plain stay within
+        # 2% of run 28's.
+        # SGLang and vLLM read the width from the export's config.json.
+        draft_intermediate_size=4608,
         # The held-out prompts whose answers the eval stage replays (eval_conversations: chitchat's first
         # 64, HumanEval's 33), not their first 8: run 21's draft served chitchat's first 8 at chain tau 3.13
         # and all 64 at 3.56, HumanEval's 8 at 3.21 and all 33 at 3.25 (BENCHMARKS.md 2u); ~+30 s.

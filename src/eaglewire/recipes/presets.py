@@ -357,9 +357,8 @@ PRESETS: dict[str, QuickstartPreset] = {
         # steps and lifted the served chains +0.07 / +0.14 / +0.01 (BENCHMARKS.md 2zd; 2x heads or a 6x MLP
         # less). Over the whole 840 s (H200 run 31, 2ze) chain tau on all held-out chitchat / HumanEval /
         # MT-bench 3.73 / 3.45 / 2.58, the 97 held-out pooled 3.59 (run 28 at 1,536: 3.70 / 3.31 / 2.54,
-        # pooled 3.50); a chain round 1-5% dearer against plain's forward, so the speed-ups over plain stay within
-        # 2% of run 28's.
-        # SGLang and vLLM read the width from the export's config.json.
+        # pooled 3.50); a chain round costs 1-5% more against plain's forward, so the speed-ups over plain stay
+        # within 2% of run 28's. SGLang and vLLM read the width from the export's config.json.
         draft_intermediate_size=4608,
         # The held-out prompts whose answers the eval stage replays (eval_conversations: chitchat's first
         # 64, HumanEval's 33), not their first 8: run 21's draft served chitchat's first 8 at chain tau 3.13

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eaglewire.contract import StateKey
+from eaglewire.contract.fingerprint import StateKey
 from eaglewire.target.capture import capture_all
 from eaglewire.target.identity import build_contract, check_fingerprint
 from eaglewire.target.loading import load_target

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -18,6 +19,8 @@ from eaglewire.errors import ConfigError, EaglewireError
 EXIT_OK = 0
 EXIT_FINDING = 1
 EXIT_INVALID_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
 
 console = Console()
 err_console = Console(stderr=True)
@@ -37,24 +40,22 @@ def resolve_device(device: str) -> str:
 
 
 def run_app(app: typer.Typer) -> None:
+    """Run the CLI with the exit-code contract (README, "Exit codes"): 0 done and clean, 1 a check ran
+    and found something, 2 invalid input or a refusal, 130 interrupted, 3 an internal error (a bug).
+
+    Standalone mode, so that the framework itself turns `typer.Exit(n)` into the process status, a
+    usage error into 2 and Ctrl-C into 130. Only our own errors are caught here: their message is
+    the whole report (expected, actual, fix), so no traceback."""
     try:
-        app(standalone_mode=False)
+        app()
     except EaglewireError as e:
         sys.stderr.write(f"error: {e}\n")
         sys.exit(EXIT_INVALID_INPUT)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except SystemExit:
-        raise
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as e:
-        # Usage errors from typer's (vendored) click: they know how to show themselves.
-        show = getattr(e, "show", None)
-        if callable(show) and hasattr(e, "exit_code"):
-            show()
-            sys.exit(EXIT_INVALID_INPUT)
-        raise
+    except Exception:  # noqa: BLE001  (reported, not swallowed: exit 3 with the traceback)
+        # Not a verdict: exit 1 would read as "a check found something". Keep the traceback for the report.
+        traceback.print_exc()
+        sys.stderr.write("internal error: this is a bug in eaglewire, not a finding about your inputs\n")
+        sys.exit(EXIT_INTERNAL)
 
 
 def run_script(main: Callable[[], int]) -> NoReturn:

@@ -13,8 +13,6 @@ import typer
 
 from eaglewire.cli.common import console, print_json, print_table
 from eaglewire.contract.numbering import SGLANG_GENERATION_HELP
-from eaglewire.doctor.run import DoctorOptions, run_doctor
-from eaglewire.doctor.trace import trace_text
 
 STATUS_STYLE = {"ok": "[green]ok[/green]", "finding": "[red]FINDING[/red]", "skipped": "[dim]skipped[/dim]"}
 
@@ -55,6 +53,10 @@ def doctor(
     Example: eaglewire doctor --draft out/draft --target smollm2 --data out/shards
     --sglang-args "--speculative-algorithm EAGLE3 --speculative-num-steps 1 --speculative-num-draft-tokens 16"
     """
+    # here, not at import: torch loads only when a command needs it
+    from eaglewire.doctor.run import DoctorOptions, run_doctor
+    from eaglewire.doctor.trace import trace_text
+
     opts = DoctorOptions(
         draft=draft,
         target=target,

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, print_json, print_table, resolve_device
-from eaglewire.engine.api import DEFAULT_SPEC, GenerationResult, SpeculativeDecoder
-from eaglewire.engine.plain import generate_plain
-from eaglewire.engine.sampling import SamplingParams
-from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs
 from eaglewire.errors import ConfigError, DataFormatError
+
+if TYPE_CHECKING:
+    from eaglewire.engine.api import GenerationResult
 
 
 def read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
@@ -111,6 +111,10 @@ def generate(
             f"--check-lossless compares greedy outputs, but --temperature={temperature}",
             fix="drop --temperature",
         )
+    from eaglewire.engine.api import SpeculativeDecoder  # here, not at import: torch loads only when needed
+    from eaglewire.engine.plain import generate_plain
+    from eaglewire.engine.sampling import SamplingParams
+
     spec = SpecArgs(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
     prompts = read_prompts(prompt, prompts_file)

@@ -26,7 +26,7 @@ from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.hf_runner import HFTargetRunner
 from eaglewire.engine.interfaces import TargetRunner
 from eaglewire.engine.sampling import SamplingParams, make_generator
-from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs
 from eaglewire.engine.speculative import DecodeTrace, speculative_generate
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.verify import StopRule
@@ -37,7 +37,6 @@ from eaglewire.target.loading import LoadedTarget, load_target
 log = logging.getLogger(__name__)
 
 RunnerKind = Literal["auto", "fast", "hf"]
-DEFAULT_SPEC = SpecArgs(num_steps=5, topk=4, num_draft_tokens=8)  # SGLang's auto choice for Llama targets
 
 
 @dataclass

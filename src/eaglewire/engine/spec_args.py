@@ -196,3 +196,6 @@ class SpecArgs:
             FLAG["topk"], str(self.topk),
             FLAG["num_draft_tokens"], str(self.num_draft_tokens),
         ]  # fmt: skip
+
+
+DEFAULT_SPEC = SpecArgs(*SGLANG_AUTO_LLAMA)  # SGLang's auto choice for Llama targets

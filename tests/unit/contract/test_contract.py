@@ -2,7 +2,13 @@ import json
 
 import pytest
 
-from eaglewire.contract import Contract, FinalState, TargetIdentity, contract_diff, require_same_wiring
+from eaglewire.contract.contract import (
+    Contract,
+    FinalState,
+    TargetIdentity,
+    contract_diff,
+    require_same_wiring,
+)
 from eaglewire.errors import ConfigError, ContractMismatchError
 
 

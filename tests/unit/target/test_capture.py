@@ -6,7 +6,8 @@ This pins the numbering with a test, on every supported architecture.
 import pytest
 import torch
 
-from eaglewire.contract import FinalState, StateKey
+from eaglewire.contract.contract import FinalState
+from eaglewire.contract.fingerprint import StateKey
 from eaglewire.target.capture import capture, capture_all
 from tests.helpers.tiny import CAPTURE_ARCHITECTURES, make_tiny_target
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from eaglewire.contract import StateKey
+from eaglewire.contract.fingerprint import StateKey
 from eaglewire.errors import FingerprintMismatchError
 from eaglewire.target.identity import build_contract, check_fingerprint
 from tests.helpers.tiny import make_tiny_target

@@ -43,6 +43,7 @@ from safetensors.torch import save_file
 
 from eaglewire.errors import CheckpointError, EaglewireError, TargetFilesError
 from eaglewire.io_utils import atomic_path, atomic_write_text, sha256_file
+from eaglewire.outputs import MARKER_FILE, OutputKind, write_marker
 
 log = logging.getLogger("draft_parts")
 
@@ -155,7 +156,7 @@ def build_manifest(
     files: dict[str, str] = {}
     skipped: list[str] = []
     for f in sorted(draft.iterdir()):
-        if f.name == WEIGHTS_FILE or not f.is_file():
+        if f.name in (WEIGHTS_FILE, MARKER_FILE) or not f.is_file():  # the rebuilt draft gets its own marker
             continue
         if f.suffix == ".json" and f.stat().st_size <= MAX_JSON_FILE_BYTES:
             files[f.name] = f.read_text(encoding="utf-8")
@@ -397,6 +398,8 @@ def unpack(parts: Path, target: str | Path, out: Path, *, force: bool = False) -
     with atomic_path(out / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
     atomic_write_text(out / "contract.json", files["contract.json"])
+    # the rebuilt weights are the bf16 round trip, not the original bytes: record them as they are now
+    write_marker(out, OutputKind.DRAFT, ("config.json", WEIGHTS_FILE, "contract.json"))
     load_draft(out)  # raises if the rebuilt directory does not load
     log.info(
         "rebuilt %s: %d tensors (%d cast back from bf16), %s from %s (sha256 matches); load_draft loads it",

@@ -53,6 +53,8 @@ class Case:
     changes: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 180.0
+    # more assertions on the workspace after the command (e.g. that a stale file is gone)
+    then: Callable[[Path], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,5 @@ def check(outcome: Outcome) -> None:
     if case.exit == 2:  # a refusal writes nothing (a finding may write its report)
         added = sorted(set(outcome.after) - set(outcome.before))
         assert not added, f"a refused command wrote files: {added}\n{shown}"
+    if case.then is not None:
+        case.then(ws)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import parse_int_list, print_table
+from eaglewire.outputs import OutputKind, check_output_dir, fresh_output
 
 draft_app = typer.Typer(help="Create and inspect draft models.", no_args_is_help=True)
 
@@ -34,35 +35,50 @@ def init(
     dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the fingerprint"),
     seed: int = typer.Option(0, "--seed"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="replace an earlier eaglewire draft in --out, as a whole (never another kind of directory)",
+    ),
 ) -> None:
     """Write config.json + model.safetensors + contract.json for a fresh draft."""
-    import torch
-    from safetensors.torch import load_file
+    check_output_dir(out, OutputKind.DRAFT, force=force)  # first: a refusal costs nothing
 
+    import torch
+
+    from eaglewire.data.vocab import read_vocab_map
     from eaglewire.draft.init import init_draft
     from eaglewire.draft.io import save_draft
     from eaglewire.errors import ConfigError
     from eaglewire.target.identity import build_contract
     from eaglewire.target.loading import load_target
+    from eaglewire.tensor_checks import check_vocab_map
 
-    loaded = load_target(target, dtype=dtype, trust_remote_code=trust_remote_code)
-    contract = build_contract(loaded, parse_int_list(aux_boundaries, what="--aux-boundaries"))
     d2t: torch.Tensor | None = None
-    if vocab_map is not None:
-        tensors = load_file(str(vocab_map))
-        if "draft_to_target" not in tensors:
-            raise ConfigError(f"{vocab_map}: tensor 'draft_to_target' missing (found {sorted(tensors)})")
-        d2t = tensors["draft_to_target"]
+    if vocab_map is not None:  # before the target loads: a bad map costs nothing
+        d2t, _stats, map_file = read_vocab_map(vocab_map, flag="--vocab-map")
         if draft_vocab_size is not None and draft_vocab_size != len(d2t):
             raise ConfigError(
-                f"--draft-vocab-size={draft_vocab_size} but --vocab-map {vocab_map} has {len(d2t)} ids"
+                f"--draft-vocab-size={draft_vocab_size} but --vocab-map {vocab_map} has {len(d2t)} ids",
+                fix="drop --draft-vocab-size (the vocab map sets it)",
             )
+    loaded = load_target(target, dtype=dtype, trust_remote_code=trust_remote_code)
+    contract = build_contract(loaded, parse_int_list(aux_boundaries, what="--aux-boundaries"))
+    if d2t is not None:
+        check_vocab_map(
+            d2t,
+            loaded.vocab_size,
+            where=f"--vocab-map {map_file}",
+            error=ConfigError,
+            fix="build the vocab map for this target (`eaglewire data vocab` on data tokenized with its tokenizer)",
+        )
     elif draft_vocab_size is not None:
         d2t = torch.arange(draft_vocab_size)
     draft = init_draft(
         loaded, contract, draft_to_target=d2t, intermediate_size=draft_intermediate_size, seed=seed
     )
-    save_draft(draft, contract, out)
+    with fresh_output(out, OutputKind.DRAFT, force=force) as tmp:
+        save_draft(draft, contract, tmp)
     params = sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("embed_tokens"))
     print_table(
         f"draft written to {out}",

@@ -7,6 +7,10 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import console, print_table
+from eaglewire.outputs import OutputKind, check_output_dir
+
+# --format -> what the export directory holds (eaglewire.export.exporting.EXPORT_KINDS; not imported here: torch)
+EXPORT_KINDS = {"sglang": OutputKind.EXPORT_SGLANG, "vllm": OutputKind.EXPORT_VLLM}
 
 
 def export_cmd(
@@ -41,8 +45,16 @@ def export_cmd(
     dtype: str = typer.Option(
         None, "--dtype", help="float32 | bfloat16 | float16 (default: the contract's dtype)"
     ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="replace an earlier export of the same --format in --out, as a whole (never another kind of directory)",
+    ),
 ) -> None:
     """Write a draft SGLang or vLLM loads as is, and the command that serves it."""
+    if fmt in EXPORT_KINDS:  # first: a refusal costs nothing (export_draft checks --format and again --out)
+        check_output_dir(out, EXPORT_KINDS[fmt], force=force)
+
     from eaglewire.export.exporting import export_draft
 
     result = export_draft(
@@ -56,6 +68,7 @@ def export_cmd(
         num_draft_tokens=num_draft_tokens,
         target_path=target_path,
         dtype=dtype,
+        force=force,
     )
     s = result.spec
     print_table(
@@ -87,13 +100,20 @@ def import_cmd(
         "float32", "--dtype", help="dtype to run the target in for the contract's fingerprint"
     ),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="replace an earlier eaglewire draft in --out, as a whole (never another kind of directory)",
+    ),
 ) -> None:
     """Read an SGLang / vLLM / EAGLE draft into an eaglewire draft with a contract built on the live target."""
+    check_output_dir(out, OutputKind.DRAFT, force=force)  # first: a refusal costs nothing
+
     from eaglewire.export.importing import import_draft
     from eaglewire.target.loading import load_target
 
     loaded = load_target(target, dtype=dtype, trust_remote_code=trust_remote_code)
-    result = import_draft(fmt, src, loaded, out, numbering=numbering)  # type: ignore[arg-type]  # checked inside
+    result = import_draft(fmt, src, loaded, out, numbering=numbering, force=force)  # type: ignore[arg-type]  # checked inside
     ids = "engine defaults" if result.layer_ids is None else list(result.layer_ids)
     print_table(
         f"{fmt} draft imported to {result.out}",

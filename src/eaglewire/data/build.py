@@ -19,16 +19,20 @@ from tqdm import tqdm
 from eaglewire.data.builtin import builtin_name, heldout_ids, load_builtin
 from eaglewire.data.chat_masks import Tokenized, resolve_chat_template, tokenize_conversations
 from eaglewire.data.formats import Conversation, ReadStats, filter_conversations, read_conversations
-from eaglewire.data.records import TokenizedDataset
+from eaglewire.data.records import INDEX_FILE, TOKENS_FILE, TokenizedDataset
 from eaglewire.data.types import TokenizedRecord
 from eaglewire.errors import ConfigError, DataFormatError
 from eaglewire.io_utils import sha256_text
+from eaglewire.outputs import OutputKind, fresh_output, write_marker
 from eaglewire.target.identity import tokenizer_hash
 
 log = logging.getLogger(__name__)
 
 # Conversations rendered per tokenizer call: the fast tokenizer encodes a batch on all cores.
 TOKENIZE_BATCH = 512
+# What a dataset directory holds (its marker lists their sizes and sha256); `eaglewire data vocab`
+# may add draft_vocab.* beside them.
+DATASET_FILES = (TOKENS_FILE, INDEX_FILE)
 
 
 @dataclass
@@ -157,3 +161,16 @@ def build_dataset(
         stats.skipped_no_loss_tokens,
     )
     return TokenizedDataset.from_records(records, meta), stats
+
+
+def save_dataset(
+    dataset: TokenizedDataset, directory: Path, *, force: bool = False, flag: str = "--out"
+) -> Path:
+    """Write `dataset` to `directory` whole: missing, empty, or (with `force`) an earlier dataset,
+    replaced with everything in it (a vocabulary beside it too: it was counted from the old data).
+    Built in a sibling temporary directory and renamed into place (`outputs.fresh_output`)."""
+    directory = Path(directory)
+    with fresh_output(directory, OutputKind.DATASET, force=force, flag=flag) as tmp:
+        dataset.save(tmp)
+        write_marker(tmp, OutputKind.DATASET, DATASET_FILES)
+    return directory

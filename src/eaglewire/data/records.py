@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from eaglewire.data.types import TokenizedRecord
 from eaglewire.errors import DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json
+from eaglewire.safetensors_io import load_tensors
 from eaglewire.typed_config import read_json_file
 
 TOKENS_FILE = "tokens.safetensors"
@@ -139,7 +140,7 @@ class TokenizedDataset:
             raise DataFormatError(
                 f"{index_path}: schema_version expected {INDEX_SCHEMA}, got {index.get('schema_version')}"
             )
-        t = load_file(str(tokens))
+        t = load_tensors(tokens, error=DataFormatError, fix="rebuild the dataset with `eaglewire data build`")
         missing = sorted({"input_ids", "loss_mask", "offsets"} - set(t))
         if missing:
             raise DataFormatError(f"{tokens}: missing tensors {missing}")

@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract.contract import Contract, require_same_wiring
 from eaglewire.data.safetensors_stream import write_safetensors_stream
 from eaglewire.data.types import CapturedRecord, ShardContent
 from eaglewire.errors import DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json, sha256_file
+from eaglewire.outputs import OutputKind, claim_output_dir
+from eaglewire.safetensors_io import open_tensors, read_header
 from eaglewire.typed_config import read_json_file
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ VERIFY_WORKERS = 8
 MANIFEST_SCHEMA = 1
 MANIFEST_FORMAT = "eaglewire-hidden-state-shards"
 SHARD_TENSORS = ("input_ids", "loss_mask", "aux", "final", "offsets")
+MANIFEST_KEYS = ("complete", "total_records", "num_records", "contract", "shards")
+SHARD_FIX = "delete this shard and its manifest entry, then rerun the capture to rewrite it"
 SHARD_DTYPES = {"input_ids": torch.int64, "loss_mask": torch.bool}  # aux and final: the contract's dtype
 
 
@@ -124,11 +127,26 @@ def load_manifest(directory: Path) -> dict[str, Any]:
             f"{directory}: no {MANIFEST_FILE}; not a shard directory", fix="run `eaglewire data capture`"
         )
     manifest = read_json_file(path)
+    if not isinstance(manifest, dict):
+        raise DataFormatError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
     if manifest.get("format") != MANIFEST_FORMAT or manifest.get("schema_version") != MANIFEST_SCHEMA:
         raise DataFormatError(
             f"{path}: format/schema expected {MANIFEST_FORMAT}/{MANIFEST_SCHEMA}, got "
             f"{manifest.get('format')}/{manifest.get('schema_version')}"
         )
+    missing = sorted(k for k in MANIFEST_KEYS if k not in manifest)
+    if missing or not isinstance(manifest["shards"], list):
+        raise DataFormatError(
+            f"{path}: keys {missing} missing" if missing else f"{path}: 'shards' is not a list",
+            fix="rerun the same `eaglewire data capture` command to rewrite it",
+        )
+    for n, entry in enumerate(manifest["shards"]):
+        if not isinstance(entry, dict) or sorted(entry) != sorted(ShardInfo.__dataclass_fields__):
+            raise DataFormatError(
+                f"{path}: shards[{n}]: expected keys {sorted(ShardInfo.__dataclass_fields__)}, got "
+                f"{sorted(entry) if isinstance(entry, dict) else entry!r}",
+                fix="rerun the same `eaglewire data capture` command to rewrite it",
+            )
     manifest = dict(manifest)
     journaled = read_journal(Path(directory) / JOURNAL_FILE)
     if journaled:  # a capture running or interrupted: its shards since the manifest was written
@@ -181,7 +199,8 @@ class ShardWriter:
         self, directory: Path, contract: Contract, *, plan: dict[str, Any], total_records: int
     ) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # missing, empty, or an earlier shard directory (marker, or manifest.json from before markers)
+        claim_output_dir(self.directory, OutputKind.SHARDS)
         self.contract = contract
         self.shards: dict[int, ShardInfo] = {}
         manifest_path = self.directory / MANIFEST_FILE
@@ -199,7 +218,7 @@ class ShardWriter:
             if diffs:
                 raise DataFormatError(
                     f"{self.directory}: holds shards of another capture:\n  " + "\n  ".join(diffs),
-                    fix="capture into a new --output directory, or rerun with the original settings",
+                    fix="capture into a new --out directory, or rerun with the original settings",
                 )
             for s in old["shards"]:
                 info = ShardInfo(**s)
@@ -305,6 +324,14 @@ class ShardDataset:
         path = self.directory / info.file
         if not path.exists():
             raise DataFormatError(f"shard {path}: missing (listed in {MANIFEST_FILE})")
+        size = path.stat().st_size
+        if size != info.bytes:
+            read_header(path, error=DataFormatError, fix=SHARD_FIX)  # a cut file: names the tensor it cuts
+            raise DataFormatError(
+                f"shard {path}: size: expected {info.bytes} bytes (manifest), got {size}; the file was cut short "
+                "or replaced after capture",
+                fix=SHARD_FIX,
+            )
         actual = sha256_file(path)
         if actual != info.sha256:
             raise DataFormatError(
@@ -319,11 +346,16 @@ class ShardDataset:
             if self.verify != "none" and k not in self._verified:
                 self.verify_shard(k)
             path = self.directory / self.shards[k].file
-            handle = safe_open(str(path), framework="pt")
+            handle = open_tensors(path, error=DataFormatError, fix=SHARD_FIX)
             missing = sorted(set(SHARD_TENSORS) - set(handle.keys()))
             if missing:
-                raise DataFormatError(f"shard {path}: missing tensors {missing}")
-            ids = json.loads((handle.metadata() or {}).get("record_ids", "[]"))
+                raise DataFormatError(f"shard {path}: missing tensors {missing}", fix=SHARD_FIX)
+            try:
+                ids = json.loads((handle.metadata() or {}).get("record_ids", "[]"))
+            except json.JSONDecodeError as e:
+                raise DataFormatError(
+                    f"shard {path}: metadata 'record_ids' is not valid JSON ({e})", fix=SHARD_FIX
+                ) from None
             self._open[k] = (handle, handle.get_tensor("offsets"), ids)
         return self._open[k]
 

@@ -20,17 +20,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.errors import ConfigError, DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json
+from eaglewire.outputs import OutputKind, fresh_output, recognise, update_marker, write_marker
+from eaglewire.safetensors_io import load_tensors
+from eaglewire.tensor_checks import check_vocab_map
 from eaglewire.typed_config import read_json_file
 
 log = logging.getLogger(__name__)
 
 DRAFT_VOCAB_TENSORS = "draft_vocab.safetensors"
 DRAFT_VOCAB_JSON = "draft_vocab.json"
+VOCAB_FILE_FIX = "create the vocabulary again with `eaglewire data vocab`"
+VOCAB_FILES = (DRAFT_VOCAB_TENSORS, DRAFT_VOCAB_JSON)
 
 
 @dataclass
@@ -134,27 +139,96 @@ def build_draft_vocab(
     return DraftVocab(d2t, stats)
 
 
-def save_draft_vocab(vocab: DraftVocab, directory: Path) -> Path:
-    directory = Path(directory)
+def _write_vocab_files(vocab: DraftVocab, directory: Path) -> None:
     with atomic_path(directory / DRAFT_VOCAB_TENSORS) as tmp:
         save_file({"draft_to_target": vocab.draft_to_target.long().contiguous()}, str(tmp))
     atomic_write_json(directory / DRAFT_VOCAB_JSON, vocab.stats)
+
+
+def save_draft_vocab(vocab: DraftVocab, directory: Path, *, force: bool = False, flag: str = "--out") -> Path:
+    """Write a vocabulary directory (draft_vocab.safetensors + .json + the marker): `directory` must
+    be missing, empty, or (with `force`) an earlier vocabulary, replaced whole (`outputs.fresh_output`)."""
+    directory = Path(directory)
+    with fresh_output(directory, OutputKind.VOCAB, force=force, flag=flag) as tmp:
+        _write_vocab_files(vocab, tmp)
+        write_marker(tmp, OutputKind.VOCAB, VOCAB_FILES)
     return directory / DRAFT_VOCAB_TENSORS
 
 
-def load_draft_vocab(directory: Path) -> DraftVocab:
-    """Read `draft_vocab.safetensors` (+ stats) from a dataset directory (or the file itself)."""
-    path = Path(directory)
+def check_vocab_beside_dataset(dataset_dir: Path, *, force: bool, flag: str = "--dataset") -> None:
+    """May `data vocab` write the vocabulary into the dataset directory it was counted from? The
+    directory must be a tokenized dataset; a vocabulary already there is replaced only with `force`.
+    Writes nothing: call it before any work."""
+    dataset_dir = Path(dataset_dir)
+    found = recognise(dataset_dir) if dataset_dir.is_dir() else None
+    if found is None or found.kind != OutputKind.DATASET:
+        return  # loading the dataset names what is wrong with it
+    there = [n for n in VOCAB_FILES if (dataset_dir / n).exists()]
+    if there and not force:
+        raise ConfigError(
+            f"{flag} {dataset_dir}: already holds a draft vocabulary ({', '.join(there)})",
+            fix="pass --force to replace it, or write the new one elsewhere with --out DIR",
+        )
+
+
+def save_vocab_beside_dataset(vocab: DraftVocab, dataset_dir: Path, *, force: bool = False) -> Path:
+    """Write draft_vocab.* into the tokenized dataset directory it was counted from (each file
+    atomically) and add them to the dataset's marker, so that `data build --force` replaces them
+    with the data and a changed file is seen. An existing vocabulary is replaced only with `force`."""
+    dataset_dir = Path(dataset_dir)
+    found = recognise(dataset_dir)
+    if found is None or found.kind != OutputKind.DATASET:
+        raise ConfigError(
+            f"{dataset_dir}: not a tokenized dataset directory", fix="write the vocabulary with --out DIR"
+        )
+    check_vocab_beside_dataset(dataset_dir, force=force)
+    _write_vocab_files(vocab, dataset_dir)
+    update_marker(dataset_dir, OutputKind.DATASET, VOCAB_FILES)
+    return dataset_dir / DRAFT_VOCAB_TENSORS
+
+
+def read_vocab_map(
+    path: Path, *, vocab_size: int | None = None, flag: str | None = None
+) -> tuple[torch.Tensor, dict[str, Any], Path]:
+    """(draft_to_target [Vd] int64, stats, the file read) from `draft_vocab.safetensors` or a directory
+    holding it. Checked as it is read: the file's safetensors header, the tensor, its ids within
+    [0, V) (V: `vocab_size`, else the stats' `vocab_size` when recorded) and each id once; every
+    error names the file (after `flag`, when it came from one) and the first bad entry."""
+    path = Path(path)
     if path.is_dir():
         path = path / DRAFT_VOCAB_TENSORS
+    shown = f"{flag} {path}" if flag else str(path)
     if not path.exists():
-        raise DataFormatError(f"{path}: no draft vocabulary", fix="create it with `eaglewire data vocab`")
-    t = load_file(str(path))
+        raise DataFormatError(
+            f"{shown}: no such file" if flag else f"{path}: no draft vocabulary",
+            fix="create it with `eaglewire data vocab` (it writes draft_vocab.safetensors)",
+        )
+    t = load_tensors(path, error=DataFormatError, fix=VOCAB_FILE_FIX)
     if "draft_to_target" not in t:
-        raise DataFormatError(f"{path}: missing tensor 'draft_to_target' (found {sorted(t)})")
-    d2t = t["draft_to_target"].long()
-    if d2t.ndim != 1 or not bool((d2t[1:] > d2t[:-1]).all()):
-        raise DataFormatError(f"{path}: draft_to_target must be 1-D, strictly ascending absolute target ids")
+        raise DataFormatError(
+            f"{shown}: missing tensor 'draft_to_target' (found {sorted(t)})", fix=VOCAB_FILE_FIX
+        )
     stats_path = path.with_name(DRAFT_VOCAB_JSON)
     stats = read_json_file(stats_path) if stats_path.exists() else {}
+    if not isinstance(stats, dict):
+        raise DataFormatError(f"{stats_path}: expected a JSON object, got {type(stats).__name__}")
+    recorded = stats.get("vocab_size")
+    V = vocab_size if vocab_size is not None else (recorded if isinstance(recorded, int) else None)
+    d2t = t["draft_to_target"]
+    check_vocab_map(d2t, V, where=shown, error=DataFormatError, fix=VOCAB_FILE_FIX)
+    return d2t.long(), stats, path
+
+
+def load_draft_vocab(directory: Path, *, flag: str | None = None) -> DraftVocab:
+    """Read `draft_vocab.safetensors` (+ stats) from a dataset directory (or the file itself); the ids
+    must also be ascending (as `eaglewire data vocab` writes them)."""
+    d2t, stats, path = read_vocab_map(directory, flag=flag)
+    down = (d2t[1:] <= d2t[:-1]).nonzero().flatten()
+    if down.numel():
+        i = int(down[0]) + 1
+        raise DataFormatError(
+            f"{f'{flag} ' if flag else ''}{path}: draft_to_target[{i}] = {int(d2t[i])} follows "
+            f"draft_to_target[{i - 1}] = {int(d2t[i - 1])}: expected strictly ascending absolute target ids",
+            fix=VOCAB_FILE_FIX,
+        )
     return DraftVocab(d2t, stats)

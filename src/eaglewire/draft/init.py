@@ -13,6 +13,7 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import ConfigError
 from eaglewire.target.architectures import target_parts
 from eaglewire.target.loading import LoadedTarget
+from eaglewire.tensor_checks import check_vocab_map
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,7 @@ def init_draft(
     )
     if cfg.draft_vocab_size != len(d2t):
         raise ConfigError(f"draft_vocab_size={cfg.draft_vocab_size} but the vocab map has {len(d2t)} entries")
-    if int(d2t.max()) >= cfg.vocab_size or int(d2t.min()) < 0:
-        raise ConfigError(
-            f"vocab map: ids must be in 0..{cfg.vocab_size - 1}, got {int(d2t.min())}..{int(d2t.max())}"
-        )
-    if len(torch.unique(d2t)) != len(d2t):
-        raise ConfigError("vocab map: draft ids map to duplicated target ids")
+    check_vocab_map(d2t, cfg.vocab_size, where="vocab map", error=ConfigError)
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
     draft.get_buffer("draft_to_target").copy_(d2t)

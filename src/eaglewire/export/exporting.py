@@ -1,7 +1,10 @@
 """`eaglewire export`: write a draft directory SGLang or vLLM loads as is, plus a launch command.
 
 Writes config.json (the engine's layout), model.safetensors (the engine's tensor names),
-contract.json (copied), export.json (what was decided and why) and launch_<engine>.sh.
+contract.json (copied), export.json (what was decided and why), launch_<engine>.sh and the marker
+eaglewire.json (kind export-<engine>, each file's size and sha256), all at once: the directory is
+built beside --out and renamed into place, replacing only an earlier export of the same engine,
+with --force (eaglewire.outputs).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, Literal
 
 from safetensors.torch import save_file
 
-from eaglewire.contract.contract import Contract
+from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.contract.numbering import describe_boundary
 from eaglewire.draft.io import WEIGHTS_FILE, load_draft
 from eaglewire.engine.spec_args import SpecArgs
@@ -32,8 +35,10 @@ from eaglewire.export.layout import engine_tensors
 from eaglewire.export.sglang import sglang_config, sglang_layer_ids
 from eaglewire.export.vllm import speculators_config, vllm_layer_ids
 from eaglewire.export.vocab_map import is_identity
-from eaglewire.io_utils import atomic_path, atomic_write_json
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.outputs import OutputKind, check_output_dir, fresh_output, write_marker
 from eaglewire.target.loading import torch_dtype
+from eaglewire.tensor_checks import check_finite
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,12 @@ ENGINE_NOTES: dict[str, list[str]] = {
     ],
 }
 CONFIG_FILE = "config.json"
+EXPORT_KINDS = {"sglang": OutputKind.EXPORT_SGLANG, "vllm": OutputKind.EXPORT_VLLM}
+
+
+def export_files(fmt: str) -> tuple[str, ...]:
+    """The files an export of `fmt` holds (its marker lists their sizes and sha256)."""
+    return (CONFIG_FILE, WEIGHTS_FILE, CONTRACT_FILE, EXPORT_MANIFEST, LAUNCH_FILES[fmt])
 
 
 @dataclass(frozen=True)
@@ -89,8 +100,14 @@ def export_draft(
     num_draft_tokens: int | None = None,
     target_path: str | None = None,
     dtype: str | None = None,
+    force: bool = False,
 ) -> ExportResult:
-    """Export the eaglewire draft in `draft_dir` to `out` in `fmt`. `dtype` defaults to the contract's."""
+    """Export the eaglewire draft in `draft_dir` to `out` in `fmt`. `dtype` defaults to the contract's.
+
+    `out` must be missing, empty, or (with `force`) an earlier export of the same format, which is
+    replaced whole: the export is built in a sibling temporary directory and renamed into place
+    (`outputs.fresh_output`), so no stale file of an earlier export survives and a failure changes
+    nothing. Checked before the draft is loaded."""
     draft_dir, out = Path(draft_dir), Path(out)
     if fmt not in LAUNCH_FILES:
         raise ConfigError(f"--format: expected one of {sorted(LAUNCH_FILES)}, got {fmt!r}")
@@ -102,6 +119,8 @@ def export_draft(
         raise ConfigError(
             f"--out {out} is the draft directory itself", fix="pick a new directory for the export"
         )
+    kind = EXPORT_KINDS[fmt]
+    check_output_dir(out, kind, force=force)  # before any work
     model, contract = load_draft(draft_dir)
     _check_servable(contract, draft_dir)
     cfg = model.config
@@ -143,11 +162,12 @@ def export_draft(
         )
         argv = vllm_command(target, out.resolve(), spec, dtype=dtype_name)
 
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / CONFIG_FILE, config)
-    with atomic_path(out / WEIGHTS_FILE) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "producer": "eaglewire", "layout": fmt})
-    contract.save(out)
+    # the draft's weights were checked when loaded; a cast to a narrower --dtype can still overflow to inf
+    check_finite(
+        tensors,
+        where=f"{draft_dir} exported as {fmt} in {dtype_name}",
+        fix="export in a wider dtype: --dtype bfloat16 (float16's range ends at 65504) or --dtype float32",
+    )
     L = contract.target.num_layers
     comments = [
         f"eaglewire export --format {fmt} of {draft_dir}",
@@ -156,30 +176,36 @@ def export_draft(
         *(f"  boundary {b}: {describe_boundary(b, L)}" for b in contract.aux_boundaries),
         f"speculative arguments from: {spec_source}",
     ]
-    launch_file = write_launch_script(out / LAUNCH_FILES[fmt], argv, comments)
-    atomic_write_json(
-        out / EXPORT_MANIFEST,
-        {
-            "format": fmt,
-            "source_draft": str(draft_dir.resolve()),
-            "layer_ids": list(ids),
-            "numbering": numbering,
-            "sglang_generation": sglang_generation,
-            "aux_boundaries": list(contract.aux_boundaries),
-            "speculative": {
-                "num_steps": spec.num_steps,
-                "topk": spec.topk,
-                "num_draft_tokens": spec.num_draft_tokens,
-            },
-            "speculative_source": spec_source,
-            "dtype": dtype_name,
-            "vocab_map": "identity"
-            if not mapped
-            else f"{cfg.draft_vocab_size} of {cfg.vocab_size} target ids",
-            "launch_command": render(argv),
-            "notes": ENGINE_NOTES[fmt],
+    manifest = {
+        "format": fmt,
+        "source_draft": str(draft_dir.resolve()),
+        "layer_ids": list(ids),
+        "numbering": numbering,
+        "sglang_generation": sglang_generation,
+        "aux_boundaries": list(contract.aux_boundaries),
+        "speculative": {
+            "num_steps": spec.num_steps,
+            "topk": spec.topk,
+            "num_draft_tokens": spec.num_draft_tokens,
         },
-    )
+        "speculative_source": spec_source,
+        "dtype": dtype_name,
+        "vocab_map": "identity" if not mapped else f"{cfg.draft_vocab_size} of {cfg.vocab_size} target ids",
+        "launch_command": render(argv),
+        "notes": ENGINE_NOTES[fmt],
+    }
+    with fresh_output(out, kind, force=force) as tmp:
+        atomic_write_json(tmp / CONFIG_FILE, config)
+        save_file(
+            tensors,
+            str(tmp / WEIGHTS_FILE),
+            metadata={"format": "pt", "producer": "eaglewire", "layout": fmt},
+        )
+        contract.save(tmp)
+        write_launch_script(tmp / LAUNCH_FILES[fmt], argv, comments)
+        atomic_write_json(tmp / EXPORT_MANIFEST, manifest)
+        write_marker(tmp, kind, export_files(fmt))
+    launch_file = out / LAUNCH_FILES[fmt]
     log.info("exported %s draft to %s (%d tensors)", fmt, out, len(tensors))
     return ExportResult(
         out=out,

@@ -47,9 +47,11 @@ from eaglewire.export.layout import engine_to_eaglewire_names, read_weights
 from eaglewire.export.sglang import read_sglang
 from eaglewire.export.vllm import read_speculators
 from eaglewire.export.vocab_map import offsets_to_absolute
+from eaglewire.outputs import OutputKind, check_output_dir, fresh_output
 from eaglewire.target.architectures import target_parts
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
+from eaglewire.tensor_checks import check_finite
 from eaglewire.typed_config import read_json_file
 
 log = logging.getLogger(__name__)
@@ -213,21 +215,31 @@ def _check_against_target(layer: dict[str, Any], target: LoadedTarget, where: st
 
 
 def import_draft(
-    fmt: EngineFormat, src: Path, target: LoadedTarget, out: Path, *, numbering: str | None = None
+    fmt: EngineFormat,
+    src: Path,
+    target: LoadedTarget,
+    out: Path,
+    *,
+    numbering: str | None = None,
+    force: bool = False,
 ) -> ImportResult:
-    """Read an engine-format draft from `src`, check it against `target`, save an eaglewire draft to `out`."""
+    """Read an engine-format draft from `src`, check it against `target`, save an eaglewire draft to `out`.
+
+    `out` must be missing, empty, or (with `force`) an earlier eaglewire draft, replaced whole (built
+    in a sibling temporary directory, then renamed: `outputs.fresh_output`)."""
     src, out = Path(src), Path(out)
     if fmt not in FORMATS:
         raise ConfigError(f"--format: expected one of {list(FORMATS)}, got {fmt!r}")
     if out.exists() and out.resolve() == src.resolve():
         raise ConfigError(f"--out {out} is the source directory", fix="pick a new directory")
+    check_output_dir(out, OutputKind.DRAFT, force=force)  # before reading anything
     cfg_path = src / CONFIG_FILE
     config = read_json_file(cfg_path)
     if not isinstance(config, dict):
         raise ConfigError(f"{cfg_path}: expected a JSON object")
     foreign = READERS[fmt](config, str(cfg_path))
     _check_against_target(foreign.layer, target, str(cfg_path))
-    tensors = read_weights(src)
+    tensors = read_weights(src)  # every safetensors header checked: a cut file names its tensor
     boundaries, numbering_name, how = resolve_boundaries(
         foreign, target.num_layers, stated=numbering, src=src
     )
@@ -241,6 +253,11 @@ def import_draft(
     draft_cfg = DraftConfig(**foreign.layer, num_aux=len(boundaries), extra=provenance)
     model = Eagle3Draft(draft_cfg)
     state, notes = engine_state_dict(tensors, fmt, model, target, str(src))
+    check_finite(
+        state,
+        where=f"{src} (eaglewire names)",
+        fix="import a checkpoint whose weights are finite (an earlier one, or the trainer's original)",
+    )
     model.load_state_dict(state)
     contract = build_contract(target, boundaries)
     if (src / CONTRACT_FILE).exists():
@@ -249,7 +266,8 @@ def import_draft(
             contract,
             names=(f"{src / CONTRACT_FILE}", "the imported draft on this target"),
         )
-    save_draft(model, contract, out)
+    with fresh_output(out, OutputKind.DRAFT, force=force) as tmp:
+        save_draft(model, contract, tmp)
     all_notes = (*foreign.notes, *notes)
     for n in all_notes:
         log.info("%s", n)

@@ -16,7 +16,6 @@ import logging
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.errors import CheckpointError
 from eaglewire.export.keys import (
@@ -31,6 +30,7 @@ from eaglewire.export.keys import (
     EngineFormat,
 )
 from eaglewire.export.vocab_map import absolute_to_offsets
+from eaglewire.safetensors_io import open_tensors
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     origin: dict[str, str] = {}
     for path in find_weight_files(directory):
-        with safe_open(str(path), framework="pt") as f:
+        with open_tensors(path, error=CheckpointError) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if name in out:
                     raise CheckpointError(

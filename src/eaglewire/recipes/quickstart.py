@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.outputs import OutputKind, claim_output_dir
 from eaglewire.recipes.presets import QuickstartPreset, train_config
 from eaglewire.recipes.quickstart_data import stage_data, training_data_dir
 from eaglewire.recipes.quickstart_decode import heldout_tau, served_tau_chain, stage_decode
@@ -180,6 +181,7 @@ def stage_export(run: QuickstartRun, draft_dir: Path) -> dict[str, Any]:
             num_steps=p.chain_steps,
             topk=1,
             num_draft_tokens=p.chain_steps + 1,
+            force=True,  # a rerun of this stage replaces the run's own earlier export, whole
         )
         out[fmt] = {
             "dir": str(result.out),
@@ -227,7 +229,8 @@ def _run_stages(run: QuickstartRun) -> dict[str, Any]:
     from eaglewire.recipes.inspect_target import inspect_target
     from eaglewire.target.loading import load_target
 
-    run.out_dir.mkdir(parents=True, exist_ok=True)
+    # missing, empty, or a quickstart run (its marker, or preset.json from before markers): before any work
+    claim_output_dir(run.out_dir, OutputKind.QUICKSTART_RUN)
     if run.path("preset.json").exists():  # a rerun: only stages its changes do not feed are reused
         check_resume(run.out_dir, json.loads(run.path("preset.json").read_text()), run.preset)
     atomic_write_json(run.path("preset.json"), preset_json(run.preset))

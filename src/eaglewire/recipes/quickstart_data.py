@@ -66,7 +66,7 @@ def training_data_dir(run: QuickstartRun, split: Literal["train", "eval"]) -> Pa
 def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
     """Regenerate answers with the target (train and held-out eval), tokenize, choose the draft vocab."""
     from eaglewire.data.batching import DEFAULT_MAX_BATCH_TOKENS
-    from eaglewire.data.build import build_dataset
+    from eaglewire.data.build import build_dataset, save_dataset
     from eaglewire.data.capture import capture_dataset
     from eaglewire.data.formats import read_conversations
     from eaglewire.data.generation import SamplingConfig, pick_generate_fn
@@ -102,7 +102,7 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
             ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
-        ds.save(run.path("data", split))
+        save_dataset(ds, run.path("data", split), force=True)  # a rerun replaces the run's own dataset
         out[split] = {
             "conversations": len(convs),
             "tokens": ds.num_tokens,
@@ -126,6 +126,6 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
             }
         if split == "train":
             vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
-            save_draft_vocab(vocab, run.path("data", "vocab"))
+            save_draft_vocab(vocab, run.path("data", "vocab"), force=True)
             out["vocab"] = {k: v for k, v in vocab.stats.items() if isinstance(v, int | float | str)}
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 from eaglewire.errors import TargetFilesError
 
 log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
 
 
 def load_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -31,10 +34,18 @@ def load_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
         raise TargetFilesError(
             f"reading {path} needs the 'gguf' package", fix="pip install 'eaglewire[gguf]'"
         ) from None
+    check_gguf_file(path)
     kwargs = {"gguf_file": path.name}
-    loaded = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-    config = AutoConfig.from_pretrained(path.parent, **kwargs)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        config = AutoConfig.from_pretrained(path.parent, **kwargs)
+    except (ValueError, OSError, EOFError, IndexError, KeyError, struct.error) as e:
+        # the gguf reader's own errors for a cut or edited file: a reshape that does not fit, a read past the end
+        raise TargetFilesError(
+            f"GGUF file {path}: cannot be read ({type(e).__name__}: {e})",
+            fix="the file is damaged or not a GGUF model: download or copy it again",
+        ) from None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = dtype
@@ -49,6 +60,25 @@ def load_gguf(path: Path, *, dtype: torch.dtype) -> tuple[Any, Any]:
     if config.tie_word_embeddings:
         fresh.tie_weights()
     return fresh.to(dtype), tokenizer
+
+
+def check_gguf_file(path: Path) -> None:
+    """The GGUF magic and version before transformers reads the file (cheap: 8 bytes and a stat)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise TargetFilesError(
+            f"GGUF file {path}: does not start with the GGUF magic {GGUF_MAGIC!r} (got {head[:4]!r}, {size} bytes): "
+            "not a GGUF file",
+            fix="pass a .gguf model file, or a Hugging Face model directory as --target",
+        )
+    (version,) = struct.unpack("<I", head[4:8])
+    if version not in (2, 3):
+        raise TargetFilesError(
+            f"GGUF file {path}: version {version}, expected 2 or 3 (the versions transformers reads)",
+            fix="the file is damaged or from another GGUF generation: download or copy it again",
+        )
 
 
 def convert_gguf_to_safetensors(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from eaglewire.errors import TargetFilesError
+from eaglewire.safetensors_io import read_header
 from eaglewire.target.architectures import check_architecture
 from eaglewire.typed_config import read_json_file
 
@@ -116,12 +117,31 @@ def check_target_dir(path: Path) -> dict[str, Any]:
             fix="convert the weights to safetensors (save_pretrained(safe_serialization=True))",
         )
     index = path / "model.safetensors.index.json"
+    weight_map: dict[str, str] = {}
     if index.exists():
-        shards = set(read_json_file(index).get("weight_map", {}).values())
+        weight_map = dict(read_json_file(index).get("weight_map", {}))
+        shards = set(weight_map.values())
         missing = sorted(s for s in shards if not (path / s).exists())
         if missing:
             raise TargetFilesError(f"target {path}: shards listed in {index.name} are missing: {missing}")
+    check_weight_headers(path, sorted(weights), weight_map)
     return dict(cfg)
+
+
+def check_weight_headers(path: Path, files: list[Path], weight_map: dict[str, str]) -> None:
+    """Every *.safetensors file's header against its size (a cut copy, a pickle or an LFS pointer is a
+    named error before transformers opens it), and every tensor the index lists in the file it names.
+    Reads the headers only: no hashing of target weights on load."""
+    names: dict[str, set[str]] = {}
+    for file in files:
+        names[file.name] = set(read_header(file, error=TargetFilesError).tensors)
+    for tensor, file_name in sorted(weight_map.items()):
+        if file_name in names and tensor not in names[file_name]:
+            raise TargetFilesError(
+                f"target {path}: model.safetensors.index.json lists tensor {tensor!r} in {file_name}, "
+                f"whose header has no such tensor",
+                fix="copy the model directory again (the index and its weight files are from different versions)",
+            )
 
 
 def load_tokenizer(path: Path) -> Any:

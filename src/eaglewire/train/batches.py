@@ -68,11 +68,11 @@ def record_lengths(source: RecordSource[Any]) -> list[int]:
 
 
 def _shard_lengths(source: Any) -> list[int]:
-    from safetensors import safe_open
+    from eaglewire.safetensors_io import open_tensors
 
     out: list[int] = []
     for info in source.shards:
-        with safe_open(str(Path(source.directory) / info.file), framework="pt") as f:
+        with open_tensors(Path(source.directory) / info.file, error=DataFormatError) as f:
             offsets = f.get_tensor("offsets")
         out.extend(int(n) for n in offsets[1:] - offsets[:-1])
     return out

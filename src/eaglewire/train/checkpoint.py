@@ -24,13 +24,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.config import DraftConfig
-from eaglewire.draft.io import WEIGHTS_FILE, check_draft_matches_contract
+from eaglewire.draft.io import DRAFT_FILES, WEIGHTS_FILE, check_draft_matches_contract
 from eaglewire.errors import CheckpointError, ConfigError
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.outputs import OutputKind, check_resumable_dir, claim_output_dir, verify_files, write_marker
+from eaglewire.safetensors_io import load_tensors, read_header
+from eaglewire.tensor_checks import check_finite
 from eaglewire.train.config import RESUME_MUTABLE, TrainConfig, config_diff
 from eaglewire.typed_config import read_json_file
 
@@ -43,6 +46,8 @@ OPTIMIZER_INDEX = "optimizer.json"
 RNG_FILE = "rng.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"
 FORMAT = "eaglewire-train-checkpoint"
+# What a checkpoint directory holds (its marker lists their sizes and sha256).
+CHECKPOINT_FILES = (*DRAFT_FILES, OPTIMIZER_TENSORS, OPTIMIZER_INDEX, RNG_FILE, TRAINER_STATE_FILE)
 
 
 def checkpoint_name(step: int) -> str:
@@ -160,6 +165,7 @@ def save_checkpoint(
         rng_tensors, rng_meta = capture_rng()
         save_file(rng_tensors, str(tmp / RNG_FILE))
         atomic_write_json(tmp / TRAINER_STATE_FILE, {"format": FORMAT, **trainer_state, "rng": rng_meta})
+        write_marker(tmp, OutputKind.TRAIN_CHECKPOINT, CHECKPOINT_FILES)
         if final.exists():  # a re-run reaching the same step: keep the new one
             old = root / f".old-{checkpoint_name(step)}-{os.getpid()}"
             os.replace(final, old)
@@ -200,24 +206,108 @@ def find_latest(out_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
+    """Read a checkpoint, checking every file first: each safetensors header against its size (a cut
+    file names the tensor), the marker's sizes and sha256 when the checkpoint has one, the JSON
+    files, and that the optimizer index and its tensors name the same parameters and states."""
     path = Path(path)
-    for name in (WEIGHTS_FILE, OPTIMIZER_TENSORS, OPTIMIZER_INDEX, RNG_FILE, TRAINER_STATE_FILE):
-        if not (path / name).exists():
-            raise CheckpointError(f"checkpoint {path}: {name} missing")
-    trainer_state = read_json_file(path / TRAINER_STATE_FILE)
+    verify_checkpoint(path)
+    trainer_state = _json_object(path / TRAINER_STATE_FILE)
     if trainer_state.get("format") != FORMAT:
         raise CheckpointError(
-            f"{path / TRAINER_STATE_FILE}: format expected {FORMAT!r}, got {trainer_state.get('format')!r}"
+            f"{path / TRAINER_STATE_FILE}: format expected {FORMAT!r}, got {trainer_state.get('format')!r}",
+            fix=RESUME_FIX,
+        )
+    model_state = load_tensors(path / WEIGHTS_FILE, error=CheckpointError, fix=RESUME_FIX)
+    check_finite(model_state, where=str(path / WEIGHTS_FILE), fix=RESUME_FIX)
+    opt_tensors = load_tensors(path / OPTIMIZER_TENSORS, error=CheckpointError, fix=RESUME_FIX)
+    check_finite(opt_tensors, where=str(path / OPTIMIZER_TENSORS), fix=RESUME_FIX)
+    optimizer_state = _optimizer_state(path, opt_tensors, _json_object(path / OPTIMIZER_INDEX))
+    rng_tensors = load_tensors(path / RNG_FILE, error=CheckpointError, fix=RESUME_FIX)
+    if "torch_cpu" not in rng_tensors or "numpy_keys" not in rng_tensors:
+        raise CheckpointError(
+            f"{path / RNG_FILE}: tensors 'torch_cpu' and 'numpy_keys' expected, found {sorted(rng_tensors)}",
+            fix=RESUME_FIX,
         )
     return Checkpoint(
         path=path,
-        model_state=load_file(str(path / WEIGHTS_FILE)),
-        optimizer_state=unflatten_optimizer_state(
-            load_file(str(path / OPTIMIZER_TENSORS)), read_json_file(path / OPTIMIZER_INDEX)
-        ),
+        model_state=model_state,
+        optimizer_state=optimizer_state,
         trainer_state=trainer_state,
-        rng_tensors=load_file(str(path / RNG_FILE)),
+        rng_tensors=rng_tensors,
     )
+
+
+RESUME_FIX = (
+    "the checkpoint is damaged: point latest.json at an earlier checkpoints/step-* directory, or start "
+    "a new run (`eaglewire train` with another --out, without --resume)"
+)
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Every file of checkpoint `path` present, each safetensors header against its file's size (a cut
+    file names the tensor), then the sizes and sha256 its marker records (a checkpoint written before
+    markers has none to verify). Cheap next to training: call it before reading anything from it."""
+    path = Path(path)
+    for name in (WEIGHTS_FILE, OPTIMIZER_TENSORS, OPTIMIZER_INDEX, RNG_FILE, TRAINER_STATE_FILE):
+        if not (path / name).exists():
+            raise CheckpointError(f"checkpoint {path}: {name} missing", fix=RESUME_FIX)
+    for name in (WEIGHTS_FILE, OPTIMIZER_TENSORS, RNG_FILE):
+        read_header(path / name, error=CheckpointError, fix=RESUME_FIX)
+    try:
+        verify_files(path)
+    except CheckpointError as e:
+        raise CheckpointError(str(e).split("\n  fix: ")[0], fix=RESUME_FIX) from None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    obj = read_json_file(path)
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(obj).__name__}", fix=RESUME_FIX)
+    return obj
+
+
+def _optimizer_state(path: Path, tensors: dict[str, torch.Tensor], index: dict[str, Any]) -> dict[str, Any]:
+    """`unflatten_optimizer_state`, with every disagreement between optimizer.json and
+    optimizer.safetensors named (a tensor for a parameter the index does not list, a malformed index)."""
+    where = f"{path / OPTIMIZER_TENSORS} + {OPTIMIZER_INDEX}"
+    params = index.get("params")
+    if not isinstance(params, list) or not isinstance(index.get("param_groups"), list):
+        raise CheckpointError(
+            f"{path / OPTIMIZER_INDEX}: 'params' and 'param_groups' lists expected, got keys {sorted(index)}",
+            fix=RESUME_FIX,
+        )
+    for key in sorted(tensors):
+        i, dot, field = key.partition(".")
+        if not (dot and field and i.isdigit() and int(i) < len(params)):
+            raise CheckpointError(
+                f"{where}: tensor {key!r} names no parameter of the index ({len(params)} parameters: "
+                "expected '<parameter number>.<state>')",
+                fix=RESUME_FIX,
+            )
+    try:
+        return unflatten_optimizer_state(tensors, index)
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"{path / OPTIMIZER_INDEX}: malformed ({type(e).__name__}: {e})", fix=RESUME_FIX
+        ) from None
+
+
+def check_run_dir(out_dir: Path, *, resume: bool) -> None:
+    """Before any work: `out_dir` must be missing, empty or a training run (a marker, or
+    train_config.json from before markers); a run with a checkpoint continues only with --resume,
+    and --resume needs one. Writes nothing."""
+    out_dir = Path(out_dir)
+    found = check_resumable_dir(out_dir, OutputKind.TRAIN_RUN)
+    latest = find_latest(out_dir) if found is not None else None
+    if not resume and latest is not None:
+        raise ConfigError(
+            f"{out_dir} already holds a training run (latest: {latest})",
+            fix="pass --resume to continue it, or choose another --out",
+        )
+    if resume and latest is None:
+        raise CheckpointError(
+            f"--resume: {out_dir} has no checkpoint (latest.json)", fix="drop --resume to start a new run"
+        )
 
 
 def start_or_resume(
@@ -236,7 +326,7 @@ def start_or_resume(
                 fix="pass --resume to continue it, or choose another --out",
             )
         if is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            claim_output_dir(out_dir, OutputKind.TRAIN_RUN)
             config.save(out_dir)
         barrier()
         return None
@@ -252,6 +342,7 @@ def start_or_resume(
             fix="resume with the run's own settings (train_config.json in the run directory)",
         )
     if is_main:
+        claim_output_dir(out_dir, OutputKind.TRAIN_RUN)  # a run from before markers gets one now
         config.save(out_dir)
     barrier()
     return load_checkpoint(latest)

@@ -46,6 +46,7 @@ from eaglewire.draft.io import check_draft_matches_contract, save_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.outputs import replacing_dir
 from eaglewire.train.batches import RecordSource, Row, record_lengths, record_repeats
 from eaglewire.train.checkpoint import Checkpoint, restore_rng, save_checkpoint, start_or_resume
 from eaglewire.train.config import TrainConfig
@@ -109,7 +110,8 @@ class Trainer:
         if getattr(data, "meta", {}).get("split") == "eval":
             raise ConfigError(
                 "the training data is a held-out evaluation split (index.json split='eval')",
-                fix="train on a dataset built with --split train; pass this one as eval data",
+                fix="train on a dataset built with `eaglewire data build --split train`; "
+                "pass this one as --eval-data",
             )
         target_side.verify(draft_contract)
         repeats = record_repeats(data, config)  # a misnamed source is refused before any write
@@ -440,7 +442,8 @@ class Trainer:
         tps = tokens / seconds if seconds > 0 else 0.0
         trained = self.draft_cpu_copy() if final else None  # a collective under FSDP: every process gathers
         if trained is not None and self.ctx.is_main:
-            save_draft(trained, self.contract, draft_dir)
+            with replacing_dir(draft_dir) as tmp:  # the run's own draft: replaced whole, atomically
+                save_draft(trained, self.contract, tmp)
             atomic_write_json(
                 self.out_dir / "train_summary.json",
                 {

@@ -25,7 +25,7 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import ConfigError, ContractMismatchError, DataFormatError
 from eaglewire.target.identity import build_contract, config_hash
 from eaglewire.target.loading import LoadedTarget, load_target, resolve_target_path
-from eaglewire.train.checkpoint import find_latest
+from eaglewire.train.checkpoint import check_run_dir, find_latest, verify_checkpoint
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import DistContext, init_distributed
 from eaglewire.train.evaluate import EvalResult, evaluate_draft
@@ -131,6 +131,7 @@ def run_training(
     """Train a draft from `data_dir` into `out_dir` (see `eaglewire train --help`).
     draft_intermediate_size / draft_num_attention_heads: the fresh draft's MLP width and query heads
     (None: the target's); a draft that is resumed or given by `draft_init` must already have them."""
+    check_run_dir(out_dir, resume=resume)  # first: a refusal costs nothing
     ctx = ctx or init_distributed(device)
     dtype = target_dtype or default_target_dtype(ctx.device)
     data = open_data(data_dir)
@@ -142,6 +143,7 @@ def run_training(
     loaded: LoadedTarget | None = None
     latest = find_latest(out_dir) if resume and Path(out_dir).exists() else None
     if latest is not None:
+        verify_checkpoint(latest)  # every file, named with the resume fix, before any is read
         draft, contract = load_draft(latest)  # the loop restores weights and optimizer from it
     elif draft_init is not None:
         draft, contract = load_draft(draft_init)

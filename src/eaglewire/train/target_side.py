@@ -276,11 +276,11 @@ class TargetHead(nn.Module):
 
 def _load_named(path: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
     """The tensors among `names` that exist in the directory's safetensors files (only those are read)."""
-    from safetensors import safe_open
+    from eaglewire.safetensors_io import open_tensors
 
     out: dict[str, torch.Tensor] = {}
     for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
+        with open_tensors(file, error=TargetFilesError) as f:
             for name in set(names) & set(f.keys()):
                 out[name] = f.get_tensor(name)
     return out

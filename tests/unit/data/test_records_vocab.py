@@ -102,6 +102,8 @@ def test_vocab_save_load(tmp_path: Path) -> None:
     save_draft_vocab(v, tmp_path)
     back = load_draft_vocab(tmp_path)
     assert back.draft_to_target.tolist() == v.draft_to_target.tolist() and back.stats["draft_vocab_size"] == 5
-    save_draft_vocab(DraftVocab(torch.tensor([3, 1]), {}), tmp_path)
+    with pytest.raises(ConfigError, match="holds an earlier draft vocabulary"):
+        save_draft_vocab(DraftVocab(torch.tensor([3, 1]), {}), tmp_path)
+    save_draft_vocab(DraftVocab(torch.tensor([3, 1]), {}), tmp_path, force=True)
     with pytest.raises(DataFormatError, match="strictly ascending"):
         load_draft_vocab(tmp_path / DRAFT_VOCAB_TENSORS)

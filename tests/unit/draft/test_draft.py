@@ -6,8 +6,9 @@ from safetensors.torch import load_file, save_file
 
 from eaglewire.draft import GrowingKV
 from eaglewire.draft.init import init_draft
-from eaglewire.draft.io import load_draft, save_draft
+from eaglewire.draft.io import DRAFT_FILES, load_draft, save_draft
 from eaglewire.errors import CheckpointError, ConfigError
+from eaglewire.outputs import OutputKind, write_marker
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
 from tests.helpers.tiny import ARCHITECTURES, make_tiny_target
@@ -78,6 +79,8 @@ def test_missing_and_misshapen_tensors_are_named(setup, tmp_path):
     del state["layer.hidden_norm.weight"]
     state["fc.weight"] = state["fc.weight"][:, :-1].contiguous()
     save_file(state, str(tmp_path / "model.safetensors"))
+    # saved that way: the marker agrees, the tensors do not fit
+    write_marker(tmp_path, OutputKind.DRAFT, DRAFT_FILES)
     with pytest.raises(CheckpointError) as e:
         load_draft(tmp_path)
     assert "layer.hidden_norm.weight" in str(e.value)
@@ -90,6 +93,7 @@ def test_unknown_config_key_is_an_error(setup, tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["num_layers"] = 2
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    write_marker(tmp_path, OutputKind.DRAFT, DRAFT_FILES)  # written that way: the marker agrees
     with pytest.raises(ConfigError, match="num_layers: unknown key"):
         load_draft(tmp_path)
 

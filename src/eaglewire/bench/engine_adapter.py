@@ -52,7 +52,6 @@ class Engine:
 
 def load_engine(target: LoadedTarget, draft_dir: Path | None, *, max_seq_len: int) -> Engine:
     """The batch-1 speculative runner for `target` and the draft in `draft_dir` (None: no draft)."""
-    from eaglewire.contract.numbering import default_boundaries
     from eaglewire.draft.io import load_draft
     from eaglewire.engine.api import check_draft_fits_target, make_runner
 
@@ -61,9 +60,8 @@ def load_engine(target: LoadedTarget, draft_dir: Path | None, *, max_seq_len: in
     if draft_dir is not None:  # the draft's boundaries (a shallow target may have no default ones)
         draft, contract = load_draft(Path(draft_dir), device=target.device, dtype=target.dtype)
         check_draft_fits_target(contract, target)
-    boundaries: Sequence[int] = (
-        contract.aux_boundaries if contract is not None else default_boundaries(target.num_layers)
-    )
+    # no draft: plain decoding reads no aux states, so a target of any depth will do
+    boundaries: Sequence[int] = contract.aux_boundaries if contract is not None else ()
     runner = make_runner(target, boundaries, "auto", max_seq_len=max_seq_len)
     return Engine(target, runner, draft, target.eos_token_ids, max_seq_len, contract)
 

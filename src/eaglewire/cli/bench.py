@@ -11,6 +11,7 @@ import typer
 
 from eaglewire.bench.sweep_grid import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_NUM_STEPS, DEFAULT_TOPK
 from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, parse_int_list, print_json, resolve_device
+from eaglewire.cli.flags import at_least, one_of, spec_args_from_flags
 from eaglewire.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,6 +48,34 @@ def command_line(ctx: typer.Context) -> str:
         else:
             parts += [param.opts[0], str(value)]
     return shlex.join(parts)
+
+
+def _check_bench_flags(
+    *, num_prompts: int, max_new_tokens: int, methods: str, chain_steps: int, num_steps: int, topk: int,
+    num_draft_tokens: int, prompt_lookup_num_tokens: int, warmup: int, repeats: int | None, sweep: bool,
+    sweep_values: dict[str, str], eval_max_records: int, eval_answer: int, dtype: str,
+) -> None:  # fmt: skip
+    """`bench`'s numeric flags, named as typed, before any work (no torch imported, nothing loaded)."""
+    at_least("--num-prompts", num_prompts, 0, "0 = all prompts")
+    at_least("--max-new-tokens", max_new_tokens, 1, "tokens generated per prompt at most")
+    at_least("--warmup", warmup, 0, "untimed runs")
+    at_least("--repeats", repeats, 1, "timed runs per prompt")
+    at_least("--eval-max-records", eval_max_records, 0, "0 = all")
+    at_least("--eval-answer", eval_answer, 0, "0 = every answer, N >= 1 = each record's N-th answer")
+    one_of("--dtype", dtype, ("auto", "float32", "bfloat16", "float16"))
+    if sweep:
+        for flag, text in sweep_values.items():
+            bad = [v for v in _ints(text, flag) if v < 1]
+            if bad:
+                raise ConfigError(f"{flag}: expected positive integers, got {text!r}")
+        return
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    if "eagle-chain" in chosen:
+        at_least("--chain-steps", chain_steps, 1, "draft tokens per round")
+    if "eagle-tree" in chosen:
+        spec_args_from_flags(num_steps, topk, num_draft_tokens)
+    if "hf-prompt-lookup" in chosen:
+        at_least("--prompt-lookup-num-tokens", prompt_lookup_num_tokens, 1)
 
 
 def bench(
@@ -144,6 +173,14 @@ def bench(
 
     Example: eaglewire bench --target smollm2 --draft runs/draft --prompts mt-bench --out bench-out
     """
+    _check_bench_flags(
+        num_prompts=num_prompts, max_new_tokens=max_new_tokens, methods=methods, chain_steps=chain_steps,
+        num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens, warmup=warmup, repeats=repeats, sweep=sweep,
+        sweep_values={"--sweep-num-steps": sweep_num_steps, "--sweep-topk": sweep_topk,
+                      "--sweep-num-draft-tokens": sweep_num_draft_tokens, "--batch-sizes": batch_sizes},
+        eval_max_records=eval_max_records, eval_answer=eval_answer, dtype=dtype,
+    )  # fmt: skip
     from eaglewire.bench.heldout_trees import evaluate_predictor
     from eaglewire.bench.prediction import find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
@@ -156,10 +193,6 @@ def bench(
     prompt_set = load_prompt_set(prompts, num_prompts or None)
     if eval_data is not None and draft is None:
         raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
-    if eval_answer < 0:
-        raise ConfigError(
-            f"--eval-answer: expected 0 (every answer) or an answer number >= 1, got {eval_answer}"
-        )
     loaded = load_target(target, dtype=dtype, device=device)  # once: the bench and the held-out prediction
     predictor: TauPredictor | None = None
     if eval_data is not None:

@@ -8,12 +8,14 @@ from typing import Any
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
+from eaglewire.cli.flags import at_least, in_range
 from eaglewire.data.batching import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PACE_BATCHES,
     DEFAULT_SHARD_RECORDS,
 )
+from eaglewire.outputs import OutputKind, check_output_dir, check_output_file, check_resumable_dir
 
 data_app = typer.Typer(
     help="Training data: regenerate answers, tokenize, vocab map, capture, import.", no_args_is_help=True
@@ -40,6 +42,49 @@ def _tokenizer(target: str) -> Any:
             f"{target}: no tokenizer files", fix="point --target at a directory with tokenizer.json"
         )
     return tok
+
+
+def _check_regenerate_out(out: Path, input: str) -> None:
+    """`data regenerate --out` appends to its own earlier output (resume) and writes nothing else:
+    not the input, not a file it did not write (its `.regen.json` settings sit beside its own)."""
+    from eaglewire.errors import ConfigError
+
+    if Path(input).exists() and Path(input).resolve() == out.resolve():
+        raise ConfigError(
+            f"--out {out}: is the --input file; regeneration appends to --out",
+            fix="choose another --out (a new file)",
+        )
+    # eaglewire.data.regenerate.sidecar_path (not imported here: it pulls in torch)
+    check_output_file(out, own=out.with_name(out.name + ".regen.json"), command="eaglewire data regenerate")
+
+
+def _check_regenerate_flags(
+    *, limit: int | None, max_new_tokens: int, batch_size: int, temperature: float, top_p: float,
+    max_prompt_tokens: int | None, magpie_prompts: int, magpie_opened_fraction: float, max_seconds: float,
+) -> None:  # fmt: skip
+    """`data regenerate`'s numeric flags, named as typed, before any work."""
+    at_least("--limit", limit, 1, "use the first N conversations; omit it for all")
+    at_least("--max-new-tokens", max_new_tokens, 1, "tokens per answer at most")
+    at_least("--batch-size", batch_size, 1, "conversations generated together")
+    at_least("--temperature", temperature, 0.0, "0 = greedy")
+    in_range("--top-p", top_p, 0.0, 1.0, low_open=True, meaning="nucleus mass; 1 = no cut")
+    at_least("--max-prompt-tokens", max_prompt_tokens, 1)
+    at_least("--magpie-prompts", magpie_prompts, 1)
+    in_range("--magpie-opened-fraction", magpie_opened_fraction, 0.0, 1.0)
+    at_least("--max-seconds", max_seconds, 0.0, "0 = no budget")
+
+
+def _require_conversations(input: str, count: int, stats: Any, *, allow_empty: bool) -> None:
+    """An input that yields no conversation is refused (it would write an empty output), unless --allow-empty."""
+    from eaglewire.errors import DataFormatError
+
+    if count or allow_empty:
+        return
+    raise DataFormatError(
+        f"--input {input}: no conversation to regenerate ({stats.lines} lines: {stats.blank_lines} blank, "
+        f"{stats.skipped_malformed} malformed, {stats.skipped_empty} empty)",
+        fix="check --input (and --limit / --split); pass --allow-empty to write an empty output anyway",
+    )
 
 
 @data_app.command("regenerate")
@@ -82,8 +127,20 @@ def regenerate_cmd(
         help="refill generation rows as answers finish (continuous batching) instead of running each batch "
         "to its longest answer",
     ),
+    allow_empty: bool = typer.Option(
+        False,
+        "--allow-empty",
+        help="an input with no conversation (empty, or every row skipped) writes an empty output "
+        "instead of failing",
+    ),
 ) -> None:
     """The target answers every user turn (EAGLE-3's self-distillation); output is JSONL again."""
+    _check_regenerate_out(out, input)
+    _check_regenerate_flags(
+        limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
+        top_p=top_p, max_prompt_tokens=max_prompt_tokens, magpie_prompts=magpie_prompts,
+        magpie_opened_fraction=magpie_opened_fraction, max_seconds=max_seconds,
+    )  # fmt: skip
     from dataclasses import replace
 
     from eaglewire.data.build import load_source
@@ -97,6 +154,11 @@ def regenerate_cmd(
     sampling = SamplingConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size
     )
+    if builtin_name(input) != "magpie":  # the input is read (an empty one refused) before the target loads
+        convs, read_stats = load_source(
+            input, split=parse_split(split), require_assistant=False, skip_bad=skip_bad, limit=limit
+        )
+        _require_conversations(input, len(convs), read_stats, allow_empty=allow_empty)
     loaded = load_target(target, dtype=dtype, device=resolve_device(device))
     if builtin_name(input) == "magpie":
         magpie_sampling = replace(DEFAULT_MAGPIE_SAMPLING, seed=seed, batch_size=batch_size)
@@ -110,10 +172,6 @@ def regenerate_cmd(
             opened_fraction=magpie_opened_fraction,
         )
         convs, read_stats = select_split(prompts, parse_split(split))[:limit], ReadStats(records=len(prompts))
-    else:
-        convs, read_stats = load_source(
-            input, split=parse_split(split), require_assistant=False, skip_bad=skip_bad, limit=limit
-        )
     stats = regenerate(
         loaded,
         convs,
@@ -124,6 +182,7 @@ def regenerate_cmd(
         show_progress=progress,
         max_seconds=max_seconds,
         generate_fn=pick_generate_fn(continuous=continuous),
+        allow_empty=allow_empty,
     )
     print_table(
         f"regenerated into {out}",
@@ -162,11 +221,20 @@ def build_cmd(
     limit: int = typer.Option(None, "--limit"),
     json_out: bool = typer.Option(False, "--json", help="print the counts as JSON"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="replace an earlier dataset in --out as a whole (a vocabulary beside it goes too; never another "
+        "kind of directory)",
+    ),
 ) -> None:
     """Tokenize with the chat template; loss mask on assistant tokens (by character offsets)."""
+    check_output_dir(out, OutputKind.DATASET, force=force)  # first: a refusal costs nothing
+    at_least("--limit", limit, 1, "use the first N conversations; omit it for all")
+    at_least("--max-length", max_length, 2, "tokens per record")
     from dataclasses import asdict
 
-    from eaglewire.data.build import build_dataset, load_source
+    from eaglewire.data.build import build_dataset, load_source, save_dataset
     from eaglewire.data.builtin import parse_split
 
     convs, read_stats = load_source(
@@ -183,7 +251,7 @@ def build_cmd(
         source=input,
         show_progress=progress,
     )
-    ds.save(out)
+    save_dataset(ds, out, force=force)
     counts = {**read_stats.to_json(), **asdict(stats)}
     if json_out:
         print_json(counts)
@@ -203,14 +271,32 @@ def vocab_cmd(
     out: Path = typer.Option(
         None, "--out", help="directory for draft_vocab.safetensors (default: the dataset's)"
     ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="replace an earlier vocabulary (beside the dataset, or in --out as a whole)",
+    ),
 ) -> None:
     """Top-Vd loss-masked target tokens (special tokens kept) -> draft_vocab.safetensors."""
+    beside = out is None or out.resolve() == dataset.resolve()
+    if not beside:  # first: a refusal costs nothing
+        check_output_dir(out, OutputKind.VOCAB, force=force)
     from eaglewire.data.records import TokenizedDataset
-    from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
+    from eaglewire.data.vocab import (
+        build_draft_vocab,
+        check_vocab_beside_dataset,
+        save_draft_vocab,
+        save_vocab_beside_dataset,
+    )
 
+    if beside:
+        check_vocab_beside_dataset(dataset, force=force)
     ds = TokenizedDataset.load(dataset)
     vocab = build_draft_vocab(ds, draft_vocab_size, vocab_size=vocab_size)
-    path = save_draft_vocab(vocab, out or dataset)
+    if beside:
+        path = save_vocab_beside_dataset(vocab, dataset, force=force)
+    else:
+        path = save_draft_vocab(vocab, out, force=force)
     s = vocab.stats
     print_table(
         f"draft vocabulary written to {path}",
@@ -259,6 +345,7 @@ def capture_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Capture the contract's hidden states into safetensors shards + manifest.json."""
+    check_resumable_dir(out, OutputKind.SHARDS)  # first: a refusal costs nothing
     from eaglewire.data.capture import capture_dataset, human_bytes
     from eaglewire.data.records import TokenizedDataset
     from eaglewire.errors import ConfigError
@@ -367,6 +454,7 @@ def import_cmd(
     dtype: str = typer.Option("bfloat16", "--dtype", help="dtype for --verify"),
 ) -> None:
     """Convert another engine's offline hidden states into eaglewire shards with our manifest."""
+    check_resumable_dir(out, OutputKind.SHARDS)  # first: a refusal costs nothing
     from eaglewire.data.importers import import_hidden_states
     from eaglewire.target.loading import load_target
 

@@ -24,34 +24,96 @@ TREE_HELP = (
 )
 
 
+# The deepest chain or tree `eval` predicts. A chain's predicted tau is the product of per-step
+# accuracies: past 32 steps nothing measurable is left (the deepest --speculative-num-steps served in
+# practice is ~10), while each step costs one more draft forward over every record and needs rows of
+# at least steps + 2 tokens (step s at position t predicts token t+2+s).
+MAX_EVAL_STEPS = 32
+TARGET_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def _parse_tree(text: str) -> list[tuple[int, ...]] | SpecArgs:
-    """Static nodes (a JSON file or TOPKxDEPTH), or the engine setting NUM_STEPS,TOPK,NUM_DRAFT_TOKENS."""
-    from eaglewire.engine.spec_args import SpecArgs
+    """Static nodes (a JSON file or TOPKxDEPTH), or the engine setting NUM_STEPS,TOPK,NUM_DRAFT_TOKENS.
+    Checked here, before any work: no torch."""
+    from itertools import product
+
+    from eaglewire.cli.flags import bare_message, spec_args_from_flags
     from eaglewire.errors import ConfigError
-    from eaglewire.train.replay import full_tree
 
     path = Path(text)
-    if path.exists():
+    if path.is_file():
         try:
-            nodes = json.loads(path.read_text(encoding="utf-8"))
+            nodes = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as e:
             raise ConfigError(f"--tree {path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-        if not isinstance(nodes, list) or not all(isinstance(n, list) for n in nodes):
-            raise ConfigError(f"--tree {path}: expected a JSON list of rank paths like [[0],[1],[0,0]]")
-        return [tuple(int(r) for r in n) for n in nodes]
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--tree {path}: invalid UTF-8 at byte {e.start}") from None
+        if (
+            not isinstance(nodes, list)
+            or not nodes
+            or not all(isinstance(n, list) and n and all(type(r) is int for r in n) for n in nodes)
+        ):
+            raise ConfigError(
+                f"--tree {path}: expected a non-empty JSON list of rank paths like [[0],[1],[0,0]]"
+            )
+        return [tuple(n) for n in nodes]
     setting = text.split(",")
     if len(setting) == 3 and all(p.strip().isdigit() for p in setting):
-        spec = SpecArgs(*(int(p) for p in setting))
+        names = {"num_steps": "NUM_STEPS", "topk": "TOPK", "num_draft_tokens": "NUM_DRAFT_TOKENS"}
+        steps, topk, num_draft_tokens = (int(p) for p in setting)
+        try:
+            spec = spec_args_from_flags(steps, topk, num_draft_tokens, names=names)
+        except ConfigError as e:
+            raise ConfigError(f"--tree {text}: {bare_message(e)}", fix=e.fix) from None
         if spec.is_chain:
             raise ConfigError(f"--tree {text}: topk=1 is a chain", fix="predict chains with --num-steps")
         return spec
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise typer.BadParameter(
+        raise ConfigError(
             f"--tree: expected NUM_STEPS,TOPK,NUM_DRAFT_TOKENS like 8,8,128, TOPKxDEPTH like 2x3 or a JSON file, "
             f"got {text!r}"
         )
-    return full_tree(int(parts[0]), int(parts[1]))
+    topk, depth = int(parts[0]), int(parts[1])
+    if topk < 1 or depth < 1:
+        raise ConfigError(f"--tree {text}: expected TOPK >= 1 and DEPTH >= 1 in TOPKxDEPTH")
+    if depth > MAX_EVAL_STEPS:
+        raise ConfigError(
+            f"--tree {text}: DEPTH {depth} is over {MAX_EVAL_STEPS} (the deepest eval predicts)"
+        )
+    if topk**depth > 1_000_000:
+        raise ConfigError(f"--tree {text}: a full tree of {topk}^{depth} leaves is too large to replay")
+    return [p for d in range(1, depth + 1) for p in product(range(topk), repeat=d)]
+
+
+def check_eval_flags(
+    *, num_steps: int, depth: int, batch_size: int, max_length: int, max_records: int, horizon: int,
+    target_dtype: str | None,
+) -> None:  # fmt: skip
+    """Every numeric flag of `eval`, named as typed, before any work. `depth`: the --tree's depth (0: none)."""
+    from eaglewire.cli.flags import at_least, in_range, one_of
+    from eaglewire.errors import ConfigError
+
+    in_range(
+        "--num-steps", num_steps, 1, MAX_EVAL_STEPS,
+        meaning=f"draft steps evaluated; past {MAX_EVAL_STEPS} no chain keeps a measurable acceptance",
+    )  # fmt: skip
+    if depth > MAX_EVAL_STEPS:
+        raise ConfigError(
+            f"--tree: depth {depth} is over {MAX_EVAL_STEPS}, the deepest eval predicts",
+            fix=f"use a --tree of depth <= {MAX_EVAL_STEPS}",
+        )
+    at_least("--batch-size", batch_size, 1, "rows per forward")
+    steps = max(num_steps, depth)
+    if max_length < steps + 2:
+        raise ConfigError(
+            f"--max-length: expected >= {steps + 2} tokens per row ({steps} steps evaluated + 2: step s at "
+            f"position t predicts token t+2+s), got {max_length}",
+            fix=f"pass --max-length {max(steps + 2, 2048)}, or evaluate fewer steps (--num-steps)",
+        )
+    at_least("--max-records", max_records, 0, "0 = all records")
+    at_least("--horizon", horizon, 0, "tokens of each response; 0 = whole responses")
+    one_of("--target-dtype", target_dtype, TARGET_DTYPES)
 
 
 def eval_command(
@@ -76,16 +138,19 @@ def eval_command(
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Per-step accuracy (unconditional and given all earlier steps right) and predicted tau."""
-    from eaglewire.engine.spec_args import SpecArgs
-    from eaglewire.train.run import run_eval
+    from eaglewire.engine.spec_args import SpecArgs  # pure: no torch
 
-    if horizon < 0:
-        raise typer.BadParameter(f"--horizon: expected >= 0 tokens, got {horizon}")
     shape = _parse_tree(tree) if tree else None
     setting = shape if isinstance(shape, SpecArgs) else None
     nodes = shape if isinstance(shape, list) and shape else None
     depth = setting.num_steps if setting is not None else max((len(n) for n in nodes or []), default=0)
+    check_eval_flags(
+        num_steps=num_steps, depth=depth, batch_size=batch_size, max_length=max_length,
+        max_records=max_records, horizon=horizon, target_dtype=target_dtype,
+    )  # fmt: skip
     dev = resolve_device(device)
+    from eaglewire.train.run import run_eval  # here, after the flags are checked: torch loads only now
+
     loaded = None
     if setting is not None:  # its answers are decoded over the full target: loaded once, for both
         import torch

@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, print_json, print_table, resolve_device
-from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs
+from eaglewire.cli.flags import at_least, in_range, one_of, spec_args_from_flags
+from eaglewire.engine.spec_args import DEFAULT_SPEC
 from eaglewire.errors import ConfigError, DataFormatError
+
+# torch.Generator takes a signed 64-bit seed; the draft's generator uses seed + 1.
+MAX_SEED = 2**63 - 2
 
 if TYPE_CHECKING:
     from eaglewire.engine.api import GenerationResult
@@ -24,9 +28,15 @@ def read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
     if prompt is not None:
         return [prompt]
     assert prompts_file is not None
-    if not prompts_file.exists():
+    if not prompts_file.is_file():
         raise ConfigError(f"--prompts-file {prompts_file}: no such file")
-    lines = prompts_file.read_text(encoding="utf-8").splitlines()
+    try:  # utf-8-sig: a byte-order mark an editor wrote is not part of the first prompt
+        lines = prompts_file.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataFormatError(
+            f"--prompts-file {prompts_file}: invalid UTF-8 at byte {e.start}",
+            fix="re-encode the file as UTF-8",
+        ) from None
     prompts = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -102,23 +112,28 @@ def generate(
 
     Example: eaglewire generate --target smollm2 --draft runs/draft --prompt "Hi!" --check-lossless
     """
-    if dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
-    if runner not in ("auto", "fast", "hf"):
-        raise ConfigError(f"--runner: expected auto, fast or hf, got {runner!r}")
+    # Every flag is checked before any work (no torch imported, no model loaded).
+    one_of("--dtype", dtype, ("float32", "bfloat16"))
+    one_of("--runner", runner, ("auto", "fast", "hf"))
+    at_least("--max-new-tokens", max_new_tokens, 1, "tokens generated per prompt at most")
+    at_least("--temperature", temperature, 0.0, "0 = greedy")
+    in_range("--top-p", top_p, 0.0, 1.0, low_open=True, meaning="nucleus mass; 1 = no cut")
+    in_range("--seed", seed, 0, MAX_SEED)
+    if any(s == "" for s in stop):
+        raise ConfigError("--stop: an empty stop string matches before the first token", fix="drop --stop ''")
+    spec = spec_args_from_flags(num_steps, topk, num_draft_tokens)
     if check_lossless and temperature != 0.0:
         raise ConfigError(
             f"--check-lossless compares greedy outputs, but --temperature={temperature}",
             fix="drop --temperature",
         )
+    prompts = read_prompts(prompt, prompts_file)
+    device = resolve_device(device)
     from eaglewire.engine.api import SpeculativeDecoder  # here, not at import: torch loads only when needed
     from eaglewire.engine.plain import generate_plain
     from eaglewire.engine.sampling import SamplingParams
 
-    spec = SpecArgs(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-    prompts = read_prompts(prompt, prompts_file)
-    device = resolve_device(device)
     decoder = SpeculativeDecoder.load(target, draft, spec=spec, dtype=dtype, device=device, runner=runner)  # type: ignore[arg-type]
 
     records: list[dict[str, Any]] = []
@@ -167,7 +182,7 @@ def generate(
         )
     else:
         print_table(
-            "speculative decoding",
+            "speculative decoding" if draft is not None else "plain decoding (no draft)",
             ["prompt", "tokens", "tau", "acceptance per position", "tok/s", "finish"],
             rows,
         )

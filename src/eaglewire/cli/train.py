@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +19,11 @@ from eaglewire.cli.common import (
     print_table,
     resolve_device,
 )
+from eaglewire.cli.flags import at_least, bare_message, one_of, rename_fields
+from eaglewire.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eaglewire.train.config import TrainConfig
 
 # CLI flag -> TrainConfig field. Only flags given on the command line override the config.
 _OVERRIDES = {
@@ -43,6 +48,24 @@ _OVERRIDES = {
     "compile": "compile",
     "ttt_attention": "ttt_attention",
 }
+
+
+def flag_of(field: str) -> str:
+    """The `train` flag that sets TrainConfig `field` (`ttt_steps` -> `--ttt-steps`)."""
+    return "--" + field.replace("_", "-")
+
+
+def config_with_flags(base: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """`base` with the flags' values; a refusal names the flags it came from (`--precision: expected
+    one of auto, bf16, fp32, got 'fp8'`), and the config file's fields by their JSON names."""
+    try:
+        return replace(base, **overrides)
+    except ConfigError as e:
+        names = {field: flag_of(field) for field in overrides}
+        raise ConfigError(
+            rename_fields(bare_message(e), names),
+            fix=None if e.fix is None else rename_fields(e.fix, names),
+        ) from None
 
 
 def train_command(
@@ -117,11 +140,12 @@ def train_command(
     json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ) -> None:
     """Train a draft; everything lands in --out (draft in --out/draft, metrics in --out/metrics.jsonl)."""
-    from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig
-    from eaglewire.train.distributed import init_distributed, shutdown_distributed
-    from eaglewire.train.run import run_training
+    from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig  # no torch: flags are checked first
 
     given = locals()
+    from eaglewire.outputs import OutputKind, check_resumable_dir
+
+    check_resumable_dir(out, OutputKind.TRAIN_RUN)  # a directory of anything else is refused before any work
     if resume and (out / TRAIN_CONFIG_FILE).exists():
         base = TrainConfig.load(out)
     elif config is not None:
@@ -133,12 +157,17 @@ def train_command(
     }
     if source_repeats is not None:
         overrides["source_repeats"] = parse_source_repeats(source_repeats)
-    cfg = replace(base, **overrides)
+    cfg = config_with_flags(base, overrides)
+    at_least("--draft-intermediate-size", draft_intermediate_size, 1, "the draft layer's MLP width")
+    one_of("--target-dtype", target_dtype, ("float32", "bfloat16", "float16"))
+    from eaglewire.train.distributed import init_distributed, shutdown_distributed
+    from eaglewire.train.run import run_training
+
     d2t = None
     if vocab_map is not None:
         from eaglewire.data.vocab import load_draft_vocab
 
-        d2t = load_draft_vocab(vocab_map).draft_to_target
+        d2t = load_draft_vocab(vocab_map, flag="--vocab-map").draft_to_target
     ctx = init_distributed(resolve_device(device))  # cuda -> cuda:LOCAL_RANK under torchrun
     try:
         result = run_training(

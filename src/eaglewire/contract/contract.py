@@ -97,7 +97,44 @@ class Contract:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: str = CONTRACT_FILE) -> Contract:
-        return from_dict(cls, data, where=where)
+        """Parse a saved contract; one whose aux list (or final state) disagrees with the labels its
+        own fingerprint carries is refused, showing both (every command loads contracts here)."""
+        contract = from_dict(cls, data, where=where)
+        contract.check_fingerprint_labels(where=where)
+        return contract
+
+    def check_fingerprint_labels(self, *, where: str = CONTRACT_FILE) -> None:
+        """The fingerprint's `aux[i]` entries are labelled with the boundaries they were captured at:
+        in order they must be `aux_boundaries`, and its `final` entry must be `final`. A contract
+        that says both cannot tell which wiring its tensors have (one of the two was edited)."""
+        fp = self.fingerprint
+        if fp is None:
+            return
+        aux = {t.name: t for t in fp.tensors if t.name.startswith("aux[")}
+        labels = [aux[f"aux[{i}]"].boundary if f"aux[{i}]" in aux else None for i in range(len(aux))]
+        problems = []
+        if labels != list(self.aux_boundaries) or any(t.norm != "pre" for t in aux.values()):
+            shown = ["?" if b is None else b for b in labels]
+            problems.append(
+                f"aux_boundaries {list(self.aux_boundaries)} but the fingerprint's tensors aux[0..{len(aux) - 1}] "
+                f"are labelled {shown} (their fingerprint.tensors[i].boundary)"
+            )
+        final = [t for t in fp.tensors if t.name == "final"]
+        if final and (final[0].boundary, final[0].norm) != (self.final.boundary, self.final.norm):
+            problems.append(
+                f"final = boundary {self.final.boundary} {self.final.norm}-norm but the fingerprint's "
+                f"'final' is labelled boundary {final[0].boundary} {final[0].norm}-norm"
+            )
+        if problems:
+            raise ContractMismatchError(
+                f"{where}: the contract disagrees with its own fingerprint:\n  "
+                + "\n  ".join(problems)
+                + "\n  the fingerprint's labels were written when the states were captured; one of the two "
+                "lists was edited since, so this contract cannot say which states its tensors are",
+                fix=f"edit {where} so that the two agree: if aux_boundaries (or final) was edited by hand, "
+                "restore it to the fingerprint's labels; to relabel states whose values are other boundaries "
+                "(what `eaglewire doctor --data` reports), change the list and the labels the same way",
+            )
 
     def save(self, directory: Path) -> Path:
         path = Path(directory) / CONTRACT_FILE

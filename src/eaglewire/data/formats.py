@@ -10,9 +10,12 @@ One row per line. Accepted shapes (the format is detected per row):
 resuming regeneration and for held-out splits, so duplicates are an error.
 
 Bad input: a line that is not valid JSON or UTF-8, or a row of no known shape, or a message
-with an unknown role, is a `DataFormatError` naming the file and line; with `skip_bad` it is
-skipped and counted instead. Empty conversations (no non-empty message) are always skipped and
-counted; so are conversations without an assistant turn when `require_assistant` is set.
+with an unknown role or a null (missing) content, is a `DataFormatError` naming the file and line;
+with `skip_bad` it is skipped and counted instead. A UTF-8 byte-order mark opening the file is
+accepted (one opening a later line is an error). Empty conversations (no non-empty message) are
+always skipped and counted; so are conversations without an assistant turn when `require_assistant`
+is set; messages whose text is empty or whitespace are dropped from the conversations kept, and
+counted (`dropped_empty_messages`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class ReadStats:
     skipped_malformed: int = 0
     skipped_empty: int = 0
     skipped_no_assistant: int = 0
+    # messages without text (whitespace only) dropped from conversations that were kept
+    dropped_empty_messages: int = 0
     skipped_examples: list[str] = field(default_factory=list)
 
     MAX_EXAMPLES = 5
@@ -99,6 +104,7 @@ class ReadStats:
             "skipped_malformed",
             "skipped_empty",
             "skipped_no_assistant",
+            "dropped_empty_messages",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for ex in other.skipped_examples:
@@ -112,6 +118,7 @@ class ReadStats:
             "skipped_malformed": self.skipped_malformed,
             "skipped_empty": self.skipped_empty,
             "skipped_no_assistant": self.skipped_no_assistant,
+            "dropped_empty_messages": self.dropped_empty_messages,
             "skipped_examples": list(self.skipped_examples),
         }
 
@@ -127,11 +134,17 @@ def _normalize_role(raw: Any, where: str) -> Role:
 
 
 def _content_text(raw: Any, where: str) -> str:
-    """Plain string content, or OpenAI's list of `{"type": "text", "text": ...}` parts."""
+    """Plain string content, or OpenAI's list of `{"type": "text", "text": ...}` parts. A null (or
+    missing) content is malformed: dropping the message would silently turn the conversation into
+    another one (an answer without its question)."""
     if isinstance(raw, str):
         return raw
     if raw is None:
-        return ""
+        raise DataFormatError(
+            f"{where}: the message has no content (null or missing)",
+            fix="give the message its text or delete the message, or pass --skip-bad to skip (and count) "
+            "such lines",
+        )
     if isinstance(raw, list):
         parts = []
         for i, part in enumerate(raw):
@@ -157,7 +170,8 @@ def _messages_from_list(items: Any, *, role_key: str, content_key: str, where: s
             )
         if role_key not in item:
             raise DataFormatError(f"{w}: missing {role_key!r} (keys: {sorted(item)})")
-        out.append(Message(_normalize_role(item[role_key], w), _content_text(item.get(content_key), w)))
+        role = _normalize_role(item[role_key], w)
+        out.append(Message(role, _content_text(item.get(content_key), f"{w} ({role}).{content_key}")))
     return out
 
 
@@ -195,7 +209,20 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, start=1)
 
 
-def _decode(raw: bytes, where: str) -> str:
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _decode(raw: bytes, where: str, *, first_line: bool = False) -> str:
+    """One line as text. A UTF-8 byte-order mark opening the file (editors on Windows write one) is
+    not part of the data; one at the start of a later line (files concatenated) is named as such."""
+    if raw.startswith(UTF8_BOM):
+        if not first_line:
+            raise DataFormatError(
+                f"{where}: the line starts with a UTF-8 byte-order mark (bytes EF BB BF), which only a "
+                "file's first line may carry (were files concatenated?)",
+                fix="remove the 3 bytes EF BB BF at the start of that line, or pass --skip-bad",
+            )
+        raw = raw[len(UTF8_BOM) :]
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -219,7 +246,7 @@ def read_conversations(
         stats.lines += 1
         where = f"{path}:{lineno}"
         try:
-            text = _decode(raw, where)
+            text = _decode(raw, where, first_line=lineno == 1)
             if not text.strip():
                 stats.blank_lines += 1
                 continue
@@ -244,28 +271,38 @@ def read_conversations(
                 fix="make ids unique; resume and held-out splits are keyed by id",
             )
         seen[record_id] = lineno
-        msgs = [m for m in msgs if m.content.strip()]
-        if not any(m.role != "system" for m in msgs):
+        kept = [m for m in msgs if m.content.strip()]
+        if not any(m.role != "system" for m in kept):
             stats.skipped_empty += 1
             stats.note_skip(f"{where}: empty conversation")
             continue
-        conv = Conversation(record_id, tuple(msgs))
+        conv = Conversation(record_id, tuple(kept))
         if require_assistant and not conv.has_assistant:
             stats.skipped_no_assistant += 1
             stats.note_skip(f"{where}: no assistant turn")
             continue
+        if len(kept) < len(msgs):
+            stats.dropped_empty_messages += len(msgs) - len(kept)
+            stats.note_skip(f"{where}: {len(msgs) - len(kept)} message(s) without text dropped")
         out.append(conv)
         stats.records += 1
         if limit is not None and len(out) >= limit:
             break
-    if stats.skipped_malformed or stats.skipped_empty or stats.skipped_no_assistant:
+    if (
+        stats.skipped_malformed
+        or stats.skipped_empty
+        or stats.skipped_no_assistant
+        or stats.dropped_empty_messages
+    ):
         log.info(
-            "%s: kept %d conversations; skipped %d malformed, %d empty, %d without an assistant turn",
+            "%s: kept %d conversations; skipped %d malformed, %d empty, %d without an assistant turn; "
+            "dropped %d messages without text from kept conversations",
             path,
             stats.records,
             stats.skipped_malformed,
             stats.skipped_empty,
             stats.skipped_no_assistant,
+            stats.dropped_empty_messages,
         )
     return out, stats
 
@@ -282,10 +319,12 @@ def filter_conversations(
         if not any(m.role != "system" for m in msgs):
             stats.skipped_empty += 1
             continue
+        dropped = len(c.messages) - len(msgs)
         c = Conversation(c.record_id, msgs)
         if require_assistant and not c.has_assistant:
             stats.skipped_no_assistant += 1
             continue
+        stats.dropped_empty_messages += dropped
         out.append(c)
         stats.records += 1
     return out, stats

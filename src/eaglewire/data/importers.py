@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract.contract import Contract, FinalState, TargetIdentity
 from eaglewire.contract.fingerprint import Fingerprint, StateKey, fingerprint_tensor, match_fingerprint
@@ -47,6 +46,7 @@ from eaglewire.data.shards import ShardWriter
 from eaglewire.data.types import CapturedRecord, ShardContent
 from eaglewire.errors import ConfigError, DataFormatError, FingerprintMismatchError
 from eaglewire.io_utils import sha256_text
+from eaglewire.safetensors_io import open_tensors
 from eaglewire.target.capture import capture_all
 from eaglewire.target.identity import chat_template_hash, compute_fingerprint, config_hash, tokenizer_hash
 from eaglewire.target.loading import LoadedTarget, check_target_dir
@@ -169,7 +169,7 @@ def resolve_layout(
 
 
 def _tensors(path: Path, keys: Sequence[str]) -> dict[str, torch.Tensor]:
-    with safe_open(str(path), framework="pt") as f:
+    with open_tensors(path, error=DataFormatError) as f:
         have = set(f.keys())
         missing = [k for k in keys if k not in have]
         if missing:
@@ -186,8 +186,12 @@ def _mask_source(masks: Path | None) -> Iterator[tuple[str | None, torch.Tensor,
         ds = TokenizedDataset.load(masks)
         return ((r.record_id, r.input_ids, r.loss_mask) for r in (ds[i] for i in range(len(ds))))
 
+    if not masks.is_file():
+        raise DataFormatError(f"--masks {masks}: no such file or directory")
+
     def rows() -> Iterator[tuple[str | None, torch.Tensor, torch.Tensor]]:
-        with open(masks, encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark opening the file is not part of the first row
+        with open(masks, encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -304,7 +308,7 @@ def import_hidden_states(
     files = find_source_files(engine, source)
     slots = None
     if engine == "speculators":
-        with safe_open(str(files[0]), framework="pt") as f:
+        with open_tensors(files[0], error=DataFormatError) as f:
             names = set(f.keys())
             if "hidden_states" not in names:
                 raise DataFormatError(f"{files[0]}: missing tensor 'hidden_states' (found {sorted(names)})")

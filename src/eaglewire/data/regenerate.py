@@ -113,7 +113,7 @@ def _check_sidecar(output: Path, settings: dict[str, Any], resuming: bool) -> No
             raise ConfigError(
                 f"{output} was generated with other settings; resuming would mix them:\n  "
                 + "\n  ".join(diffs),
-                fix="rerun with the original settings, or write to a new --output",
+                fix="rerun with the original settings, or write to a new --out",
             )
     atomic_write_json(path, settings)
 
@@ -192,16 +192,24 @@ def regenerate(
     show_progress: bool = True,
     generate_fn: GenerateFn | None = None,
     max_seconds: float = 0.0,
+    allow_empty: bool = False,
 ) -> RegenerateStats:
     """Answer every user turn of `conversations` with `target`; append rows to `output` (JSONL).
 
     max_seconds > 0 starts no new batch once that much time has passed (one batch always runs):
     the rows written so far are complete conversations, and a later call with the same input resumes after them.
+    No conversations is an error (an empty or wholly skipped input) unless `allow_empty`: then the
+    output is an empty file.
 
     Output rows: `{"id", "messages": [...], "finish": ["stop"|"length", ...]}` (OpenAI format, read
     back by `formats.read_conversations`).
     """
     output = Path(output)
+    if not conversations and not allow_empty:
+        raise DataFormatError(
+            "no conversations to regenerate: the input is empty, or every row of it was skipped",
+            fix="check --input (and --limit / --split); pass --allow-empty to write an empty output anyway",
+        )
     if target.tokenizer is None:
         raise ConfigError(f"target {target.path} has no tokenizer; regeneration needs one")
     template = resolve_chat_template(target.tokenizer, chat_template)
@@ -218,7 +226,7 @@ def regenerate(
     if unknown:
         raise DataFormatError(
             f"{output}: holds {len(unknown)} records whose ids are not in the input (e.g. {unknown[0]!r})",
-            fix="pass the same input as the run that wrote it, or write to a new --output",
+            fix="pass the same input as the run that wrote it, or write to a new --out",
         )
     settings = {
         **asdict(sampling),

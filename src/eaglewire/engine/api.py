@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from eaglewire.contract.contract import Contract
+from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.draft.io import load_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.engine.drafting import Drafter
@@ -149,19 +149,20 @@ class SpeculativeDecoder:
         runner: RunnerKind = "auto",
         max_seq_len: int | None = None,
     ) -> SpeculativeDecoder:
-        """Load a target and (optionally) a draft directory; check the draft's contract names this target."""
+        """Load a target and (optionally) a draft directory; check the draft's contract names this target.
+        Without a draft the runner captures no aux states (plain decoding needs none)."""
+        if draft is not None and (Path(draft) / CONTRACT_FILE).is_file():
+            # a contract that contradicts itself is refused before the target loads
+            Contract.load(Path(draft))
         loaded = (
             target if isinstance(target, LoadedTarget) else load_target(target, dtype=dtype, device=device)
         )
         draft_model = None
+        boundaries: Sequence[int] = ()  # plain decoding reads no aux states: any depth of target will do
         if draft is not None:
             draft_model, contract = load_draft(Path(draft), device=loaded.device, dtype=loaded.dtype)
             check_draft_fits_target(contract, loaded)
-            boundaries: Sequence[int] = contract.aux_boundaries
-        else:
-            from eaglewire.contract.numbering import default_boundaries
-
-            boundaries = default_boundaries(loaded.num_layers)
+            boundaries = contract.aux_boundaries
         return cls(
             make_runner(loaded, boundaries, runner, max_seq_len=max_seq_len),
             draft_model,

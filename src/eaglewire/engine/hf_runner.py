@@ -95,7 +95,9 @@ class HFTargetRunner:
                 )
             row_logits = out.logits[0].float()  # [N, V]
             logits.append(row_logits if logits_at is None else row_logits[int(logits_at[b])][None])
-            aux.append(torch.cat([store[k][0, C:] for k in self.aux_keys], dim=-1))  # [N, A*Ht]
+            parts = [store[k][0, C:] for k in self.aux_keys]
+            # [N, A*Ht]; no aux boundaries (plain decoding): [N, 0]
+            aux.append(torch.cat(parts, dim=-1) if parts else row_logits.new_zeros(N, 0).to(self.dtype))
         self._last_ids, self._last_positions = input_ids.cpu(), positions.cpu()
         return TargetForward(logits=torch.stack(logits), aux=torch.stack(aux))
 

@@ -7,6 +7,7 @@ arguments of `eaglewire.train.loop.train`.
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -119,6 +120,10 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name}: expected a finite number, got {value}")
         positive = (
             "ttt_steps",
             "max_length",
@@ -152,10 +157,16 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}: expected 0 <= value < 1, got {getattr(self, name)}")
-        if self.ttt_attention not in typing.get_args(TTTAttention):
-            raise ConfigError(
-                f"ttt_attention: expected one of {list(typing.get_args(TTTAttention))}, got {self.ttt_attention!r}"
-            )
+        for name, kind in (
+            ("loss", LossKind),
+            ("precision", Precision),
+            ("parallel", Parallel),
+            ("ttt_attention", TTTAttention),
+        ):
+            if getattr(self, name) not in typing.get_args(kind):
+                raise ConfigError(
+                    f"{name}: expected one of {', '.join(typing.get_args(kind))}, got {getattr(self, name)!r}"
+                )
         if self.compile and self.parallel == "fsdp":
             raise ConfigError(
                 "compile=True with parallel='fsdp': the compiled draft forward would bypass FSDP's "

@@ -299,6 +299,23 @@ def evaluate_model(
     return EvalResult(counts, step_weights, ranks, valid_t, num_records, int(tokens), tuple(segments))
 
 
+def check_live_target(draft_contract: Any, live: Any) -> None:
+    """The target evaluated with (`live`: the contract of the states it computes) is the draft's own.
+    Both sides are named as what they are: the draft's contract.json, and the target given by --target."""
+    from eaglewire.contract.contract import contract_diff
+    from eaglewire.errors import ContractMismatchError
+
+    diffs = contract_diff(draft_contract, live, names=("draft contract", "--target"))
+    if diffs:
+        trained_on = draft_contract.target.name
+        raise ContractMismatchError(
+            f"--target {live.target.name}: not the target the draft was trained for:\n  " + "\n  ".join(diffs),
+            fix=(f"pass the draft's own target, --target {trained_on} (its contract.json's target.name)"
+                 if trained_on else "pass the draft's own target with --target (its contract.json names it)")
+            + ", or retrain the draft on this target",
+        )  # fmt: skip
+
+
 def evaluate_draft(
     draft: Any,
     draft_contract: Any,
@@ -319,9 +336,15 @@ def evaluate_draft(
     Checks the data's contract against the draft's first (ContractMismatchError names both).
     """
     from eaglewire.train.objective import TTTObjective, autocast_for
-    from eaglewire.train.target_side import check_data_contract
+    from eaglewire.train.target_side import OnlineTarget, check_data_contract, check_dataset_identity
 
-    check_data_contract(draft_contract, target_side.data_contract)
+    if isinstance(target_side, OnlineTarget):
+        # tokenized data: the live target computes the states, so it is what must be the draft's target,
+        # and the tokens must come from the draft's tokenizer
+        check_live_target(draft_contract, target_side.data_contract)
+        check_dataset_identity(data, draft_contract, name="--data")
+    else:
+        check_data_contract(draft_contract, target_side.data_contract)
     target_side.verify(draft_contract)
     dev = torch.device(device)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=dev)

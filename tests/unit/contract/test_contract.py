@@ -88,3 +88,39 @@ def test_diff_names_each_field():
     with pytest.raises(ContractMismatchError, match="disagree"):
         require_same_wiring(a, b)
     require_same_wiring(a, make(target=identity(name="elsewhere")))
+
+
+def _fingerprinted(aux_labels, final=("final", 30, "pre")):
+    """`make()` with a fingerprint whose entries carry these labels (values are irrelevant here)."""
+    from eaglewire.contract.fingerprint import Fingerprint, TensorFingerprint
+
+    def entry(name, boundary, norm="pre"):
+        return TensorFingerprint(
+            name=name, boundary=boundary, norm=norm, token_norms=(1.0,), leading=(0.0,) * 8
+        )
+
+    tensors = [entry(f"aux[{i}]", b) for i, b in enumerate(aux_labels)] + [entry(*final)]
+    return make(fingerprint=Fingerprint(probe_ids=(1,), dtype="bfloat16", tensors=tuple(tensors)))
+
+
+def test_a_contract_agreeing_with_its_fingerprint_labels_loads(tmp_path):
+    c = _fingerprinted((2, 15, 27))
+    c.save(tmp_path)
+    assert Contract.load(tmp_path) == c
+
+
+@pytest.mark.parametrize(
+    "labels, final, shown",
+    [
+        ((3, 15, 27), ("final", 30, "pre"), "are labelled [3, 15, 27]"),  # the aux list was edited
+        ((2, 15), ("final", 30, "pre"), "are labelled [2, 15]"),  # one aux state fewer
+        ((2, 15, 27), ("final", 30, "post"), "'final' is labelled boundary 30 post-norm"),
+    ],
+)
+def test_a_contract_contradicting_its_fingerprint_labels_is_refused_with_both(tmp_path, labels, final, shown):
+    """Checked where contracts are loaded (`from_json`): every command that reads a contract.json."""
+    _fingerprinted(labels, final).save(tmp_path)
+    with pytest.raises(ContractMismatchError, match="disagrees with its own fingerprint") as e:
+        Contract.load(tmp_path)
+    assert str(tmp_path / "contract.json") in str(e.value) and shown in str(e.value)
+    assert "aux_boundaries [2, 15, 27]" in str(e.value) or "final = boundary 30 pre-norm" in str(e.value)

@@ -130,3 +130,59 @@ def test_duplicate_ids_are_an_error(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DataFormatError, match="no such file"):
         read_conversations(tmp_path / "nope.jsonl")
+
+
+def test_a_bom_opening_the_file_is_accepted(tmp_path: Path) -> None:
+    """Editors on Windows write one; it is not part of the first row."""
+    ok = row({"prompt": "hi"})
+    convs, stats = read_conversations(
+        write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + ok.encode(), ok])
+    )
+    assert [c.messages[0].content for c in convs] == ["hi", "hi"] and stats.records == 2
+
+
+def test_a_bom_inside_the_file_is_named(tmp_path: Path) -> None:
+    ok = row({"prompt": "hi"})
+    path = write_lines(tmp_path / "cat.jsonl", [ok, b"\xef\xbb\xbf" + ok.encode()])
+    with pytest.raises(
+        DataFormatError, match=r"cat\.jsonl:2: the line starts with a UTF-8 byte-order mark"
+    ) as e:
+        read_conversations(path)
+    assert "remove the 3 bytes EF BB BF" in str(e.value)
+    _, stats = read_conversations(path, skip_bad=True)
+    assert stats.skipped_malformed == 1
+
+
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "user", "content": None}, {"role": "user"}, {"from": "human", "value": None}],
+)
+def test_a_null_content_is_refused_naming_the_line_and_message(tmp_path: Path, message: dict) -> None:
+    """Dropping it would silently make another conversation (here: an answer without its question)."""
+    key, answer = (
+        ("conversations", {"from": "gpt", "value": "a"})
+        if "from" in message
+        else (
+            "messages",
+            {"role": "assistant", "content": "a"},
+        )
+    )
+    ok = row({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+    path = write_lines(tmp_path / "null.jsonl", [ok, row({key: [message, answer]})])
+    with pytest.raises(
+        DataFormatError, match=rf"null\.jsonl:2: {key}\[0\] \(user\)\.\w+: the message has no content"
+    ):
+        read_conversations(path)
+    convs, stats = read_conversations(path, skip_bad=True)
+    assert len(convs) == 1 and stats.skipped_malformed == 1
+
+
+def test_messages_without_text_are_dropped_and_counted(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "e.jsonl",
+        [row({"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "q"},
+                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "  "}]})],
+    )  # fmt: skip
+    convs, stats = read_conversations(path)
+    assert [m.role for m in convs[0].messages] == ["user", "assistant"]
+    assert stats.dropped_empty_messages == 2 and stats.to_json()["dropped_empty_messages"] == 2

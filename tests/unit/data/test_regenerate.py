@@ -198,3 +198,14 @@ def test_cli_regenerates_opened_magpie_prompts_and_refuses_other_ones_on_a_rerun
     assert prompts and 0 < len(opened) < len(prompts)
     again = CliRunner().invoke(app, [*args, "--magpie-prompts", "9", "--magpie-opened-fraction", "0.5"])
     assert isinstance(again.exception, ConfigError) and "num_prompts 8 -> 9" in str(again.exception)
+
+
+def test_no_conversations_is_an_error_unless_allowed(tmp_path: Path) -> None:
+    target = make_tiny_target("llama", num_layers=2)
+    cfg = SamplingConfig(max_new_tokens=4, temperature=0.0, batch_size=2)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(DataFormatError, match="no conversations to regenerate") as e:
+        regenerate(target, [], out, cfg, show_progress=False)
+    assert "--allow-empty" in str(e.value) and not out.exists()
+    stats = regenerate(target, [], out, cfg, show_progress=False, allow_empty=True)
+    assert stats.written == 0 and out.read_text() == ""

@@ -65,7 +65,9 @@ def test_prompts_file_table_output(saved, tmp_path):
 def test_sglang_rewrite_is_refused_with_both_fields(saved):
     r = invoke(saved, "--prompt x --num-steps 1 --topk 1 --num-draft-tokens 16")
     assert isinstance(r.exception, ConfigError)
-    assert "num_draft_tokens=16" in str(r.exception) and "num_steps=1" in str(r.exception)
+    # named as the flags are typed, with the fix in the same spelling
+    assert "--num-draft-tokens=16" in str(r.exception) and "--num-steps=1" in str(r.exception)
+    assert "pass --num-draft-tokens=2" in str(r.exception)
 
 
 def test_check_lossless_needs_greedy(saved):
@@ -85,3 +87,19 @@ def test_prompt_sources_and_first_difference(tmp_path):
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize("runner", ["hf", "auto"])
+def test_plain_decoding_needs_no_aux_boundaries(runner):
+    """A 5-layer target has no default aux boundaries (2, L//2, L-3 = 2, 2, 2); decoding without a
+    draft reads no aux states, so it decodes, token for token as the plain-decoding loop does."""
+    from eaglewire.engine.api import SpeculativeDecoder
+    from eaglewire.engine.plain import generate_plain
+    from tests.helpers.tiny import make_tiny_target
+
+    decoder = SpeculativeDecoder.load(make_tiny_target("llama", num_layers=5), None, runner=runner)
+    result = decoder.generate("Hello!", max_new_tokens=5)
+    plain = generate_plain(
+        decoder.runner, [decoder.encode("Hello!")], 5, eos_token_ids=sorted(decoder.eos_token_ids)
+    )
+    assert result.token_ids == plain[0][: len(result.token_ids)] and result.tau == 1.0

@@ -78,7 +78,10 @@ def check_compiled_round(draft, spec: SpecArgs, monkeypatch) -> None:
             (want.tokens, want.parents, want.depths, want.scores, want.ancestor_mask()),
             strict=True,
         ):
-            assert torch.equal(g, w), name
+            if g.is_floating_point():  # compiled kernels may sum in another order (AVX2 vs AVX-512)
+                torch.testing.assert_close(g, w, msg=name)
+            else:
+                assert torch.equal(g, w), name
         aux, tokens = rows(draft, ACCEPTED_ROWS, generator)
     breaks = list(counters["graph_break"])
     assert not breaks, "graph breaks in the compiled round:\n" + "\n".join(breaks)

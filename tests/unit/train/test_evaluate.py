@@ -262,3 +262,23 @@ def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
     assert (
         len(s["predicted_per_position_acceptance"]) == 3 and s["replay_rounds"] == res.replay_chain(3).rounds
     )
+
+
+def test_tokenized_data_on_another_target_names_the_draft_and_the_live_target(
+    tiny_target, tiny_contract, token_records
+):
+    """Online evaluation: the live target computes the states, so a mismatch is the target's, shown as
+    `--target=` (not `data=`), with the fix pointing at the draft's own target."""
+    from eaglewire.errors import ContractMismatchError
+    from eaglewire.train.target_side import OnlineTarget
+
+    draft = init_draft(tiny_target, tiny_contract, seed=0)
+    trained_on = replace(tiny_contract.target, tokenizer_hash="another", name="/models/the-drafts-target")
+    draft_contract = replace(tiny_contract, target=trained_on)
+    side = OnlineTarget(tiny_target, tiny_contract, draft.get_buffer("draft_to_target"))
+    with pytest.raises(ContractMismatchError) as e:
+        evaluate_draft(draft, draft_contract, side, token_records, num_steps=2, max_length=64)
+    msg = str(e.value)
+    assert "not the target the draft was trained for" in msg
+    assert "target.tokenizer_hash: draft contract=another --target=" in msg and "data=" not in msg
+    assert "pass the draft's own target, --target /models/the-drafts-target" in msg

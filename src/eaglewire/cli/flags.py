@@ -1,0 +1,105 @@
+"""Range checks of command-line values, made before any work: each refusal names the flag as typed
+(`--max-new-tokens`, not the Python field) and the values it allows.
+
+No torch here (nor anything that imports it): a command validates its flags in a fraction of a
+second, before it loads a model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from eaglewire.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eaglewire.engine.spec_args import SpecArgs
+
+
+def at_least(flag: str, value: int | float | None, low: int | float, meaning: str = "") -> None:
+    """`value` >= `low` (None = the flag was not given: nothing to check)."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag}: expected a finite number >= {low}{_means(meaning)}, got {value}")
+    if value < low:
+        raise ConfigError(f"{flag}: expected >= {low}{_means(meaning)}, got {value}")
+
+
+def in_range(
+    flag: str,
+    value: int | float | None,
+    low: int | float,
+    high: int | float,
+    *,
+    low_open: bool = False,
+    meaning: str = "",
+) -> None:
+    """low <= value <= high (low < value with `low_open`); None = not given."""
+    if value is None:
+        return
+    lo = f"{low} < " if low_open else f"{low} <= "
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        raise ConfigError(f"{flag}: expected {lo}{flag} <= {high}{_means(meaning)}, got {value}")
+
+
+def one_of(flag: str, value: str | None, allowed: Iterable[str]) -> None:
+    """A value from a fixed set (None = not given)."""
+    allowed = tuple(allowed)
+    if value is not None and value not in allowed:
+        raise ConfigError(f"{flag}: expected one of {', '.join(allowed)}, got {value!r}")
+
+
+def bare_message(error: ConfigError) -> str:
+    """An error's message without its `fix:` line (to re-raise it with a prefix and the same fix)."""
+    return str(error).split("\n  fix: ")[0]
+
+
+def _means(meaning: str) -> str:
+    return f" ({meaning})" if meaning else ""
+
+
+def rename_fields(message: str, names: Mapping[str, str], *, before_value: bool = True) -> str:
+    """Names in a library message -> the flags they came from (`num_steps=2` -> `--num-steps=2`):
+    only where a name stands alone and a value or a comparison follows it (`num_steps: expected`,
+    `topk > 1`), so that formulas such as `(num_steps-1)*topk^2` keep their variables; with
+    `before_value=False` wherever a name stands alone (flags of another program)."""
+    if not names:
+        return message
+    alternatives = "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+    follows = r"(?=\s*[=<>:])" if before_value else ""
+    pattern = re.compile(r"(?<![\w-])(" + alternatives + r")(?![\w-])" + follows)
+    return pattern.sub(lambda m: names[m.group(1)], message)
+
+
+# SGLang's speculative flags and SpecArgs' fields, as `generate` and `bench` spell them.
+_SPEC_NAMES = {
+    "--speculative-num-steps": "--num-steps",
+    "--speculative-eagle-topk": "--topk",
+    "--speculative-num-draft-tokens": "--num-draft-tokens",
+}
+_SPEC_FIELDS = {"num_steps": "--num-steps", "topk": "--topk", "num_draft_tokens": "--num-draft-tokens"}
+
+
+def spec_args_from_flags(
+    num_steps: int, topk: int, num_draft_tokens: int, *, names: Mapping[str, str] | None = None
+) -> SpecArgs:
+    """`SpecArgs` from the three flags, each refusal naming the flags as the command spells them
+    (`names`: field -> flag, default --num-steps / --topk / --num-draft-tokens)."""
+    from eaglewire.engine.spec_args import SpecArgs  # no torch: spec_args is pure
+
+    flags = {**_SPEC_FIELDS, **(names or {})}
+    for field, value in (("num_steps", num_steps), ("topk", topk), ("num_draft_tokens", num_draft_tokens)):
+        at_least(flags[field], value, 1)
+    try:
+        return SpecArgs(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    except ConfigError as e:
+        sglang = {k: flags[f] for k, f in zip(_SPEC_NAMES, _SPEC_FIELDS, strict=True)}
+
+        def ours(text: str) -> str:
+            return rename_fields(rename_fields(text, sglang, before_value=False), flags)
+
+        raise ConfigError(ours(bare_message(e)), fix=None if e.fix is None else ours(e.fix)) from None

@@ -50,6 +50,9 @@ def doctor(
 ) -> None:
     """Check data vs target, draft vs target, draft vs data and serving settings; print a verdict.
 
+    An SGLang or vLLM export given as --draft is read the way its engine reads it (layer ids,
+    sizes, norm flags; by values with --target): no serving arguments are needed to check it.
+
     Example: eaglewire doctor --draft out/draft --target smollm2 --data out/shards
     --sglang-args "--speculative-algorithm EAGLE3 --speculative-num-steps 1 --speculative-num-draft-tokens 16"
     """

@@ -36,6 +36,9 @@ DTYPE_NAMES = {
     torch.float64: "float64",
 }
 DTYPE_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
+# Where the data.aux fix turns from the data to drafts trained on it (the doctor drops that part when a
+# draft it checks reads other boundaries).
+SERVE_HINT = " (a draft trained"
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,8 @@ def _check_lengths(sample: Sequence[CapturedRecord], result: CheckResult) -> Non
                     what=f"record {rec.record_id}: states and tokens have different lengths (truncated)",
                     declared=f"input_ids/loss_mask T={t_ids}",
                     actual=f"aux T={t_aux}, final T={t_final}",
-                    fix="recapture with the same --max-length used to tokenize (states must cover every token)",
+                    fix="recapture the states from the tokenized dataset itself "
+                    "(`eaglewire data capture --dataset DIR`): they must cover every token",
                 )
             )
             return
@@ -259,7 +263,8 @@ def _wiring_findings(
             )
             fix = (
                 f"the tensors are right, the labels are wrong: set the data contract to aux_boundaries={fmt_list(bounds)}"
-                f"{final_txt} (and train/serve with exactly those; {engine_ids_hint(bounds, L)})"
+                f"{final_txt}{SERVE_HINT} on this data learned exactly those: train/serve it with them; "
+                f"{engine_ids_hint(bounds, L)})"
             )
         else:
             fix = "recapture the data from this target with `eaglewire data capture` (the states cannot be relabelled)"
@@ -280,7 +285,7 @@ def _wiring_findings(
     if final_match is not None and final_actual != declared_final:
         if final_actual is not None and final_actual.boundary == declared_final.boundary:
             what = f"final state is {final_actual.norm}-norm, the label says {declared_final.norm}-norm"
-            fix = f"set the data contract's final.norm to '{final_actual.norm}' (engines feed the pre-norm state), or recapture with --final-norm {declared_final.norm}"
+            fix = f"set the data contract's final.norm to '{final_actual.norm}' (engines feed the pre-norm state), or recapture with `eaglewire data capture --final-norm {declared_final.norm}`"
         else:
             what = "the column labelled final is another state"
             fix = (

@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.io import NONFINITE_FIX, verify_draft_files
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ConfigError
+from eaglewire.safetensors_io import open_tensors
 from eaglewire.target.loading import LoadedTarget
+from eaglewire.tensor_checks import check_finite
 from eaglewire.typed_config import read_json_file
 
 DraftKind = Literal["eaglewire", "sglang", "vllm"]
@@ -77,7 +79,10 @@ def _ids(value: Any, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ConfigError(f"{where}: expected a list of integers, got {value!r}")
+        raise ConfigError(
+            f"{where}: expected a list of integers, got {value!r}",
+            fix="write the ids as a JSON list of integers, e.g. [2, 15, 27] (see `eaglewire ids`)",
+        )
     return tuple(value)
 
 
@@ -100,11 +105,12 @@ def read_tensors(directory: Path, suffixes: tuple[str, ...] = TENSOR_SUFFIXES) -
     """The tensors whose names end with one of `suffixes` (first match per suffix), from *.safetensors."""
     out: dict[str, torch.Tensor] = {}
     for path in sorted(Path(directory).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
+        with open_tensors(path, error=CheckpointError) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 for suffix in suffixes:
                     if suffix not in out and (name == suffix or name.endswith("." + suffix)):
                         out[suffix] = f.get_tensor(name)
+    check_finite(out, where=str(directory), fix=NONFINITE_FIX)
     return out
 
 
@@ -125,6 +131,8 @@ def read_draft_source(directory: Path, *, with_tensors: bool = True) -> DraftSou
     if not isinstance(config, dict):
         raise ConfigError(f"{cfg_path}: expected a JSON object")
     kind = detect_kind(config, str(cfg_path))
+    if kind == "eaglewire":
+        verify_draft_files(directory)  # headers, then the marker's sha256: a cut or changed file is named
     contract = Contract.load(directory) if (directory / CONTRACT_FILE).exists() else None
     nested = config.get(SGLANG_NESTED)
     nested_ids = (

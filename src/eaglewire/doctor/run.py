@@ -1,9 +1,12 @@
 """Run every check the given inputs allow, in dependency order, and collect one report.
 
-Order matters: the data check finds which boundaries the stored columns really are; those (the
-values, not the labels) are what the draft was trained on, so the serving lints and the
-standalone accuracy compare the engines' readings against them. Without data, the draft's
-contract says what it was trained on.
+Order matters: the data check finds which boundaries the stored columns really are (by values).
+When they differ from the draft's contract, the draft's own step-0 accuracy under both wirings
+(`standalone.learned_wiring`) says which one it learned: its contract's ("this data is
+mislabelled": the draft is left alone) or the data's real boundaries ("this draft was trained on
+mislabelled data": its wiring is corrected). What it learned is what the export check, the serving
+lints and the standalone accuracy compare the engines' readings against. A draft's contract is
+never overruled without that measurement; without a draft, the data's values beat its labels.
 
 `diagnose` takes live objects (tests, the Python API); `run_doctor` loads them from paths (CLI).
 """
@@ -11,7 +14,7 @@ contract says what it was trained on.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -19,14 +22,16 @@ from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.contract.numbering import SGLANG_GENERATIONS
 from eaglewire.data.types import CapturedRecord
 from eaglewire.doctor.data_check import CHECK as DATA_CHECK
-from eaglewire.doctor.data_check import DataWiring, check_data_against_target
+from eaglewire.doctor.data_check import SERVE_HINT, DataWiring, check_data_against_target
+from eaglewire.doctor.diagnosis import engine_ids_hint
 from eaglewire.doctor.draft_check import check_draft
 from eaglewire.doctor.draft_source import DraftSource, load_engine_draft, read_draft_source
-from eaglewire.doctor.findings import DoctorReport, Finding, fmt_list, skipped
+from eaglewire.doctor.export_check import check_export
+from eaglewire.doctor.findings import CheckResult, DoctorReport, Finding, fmt_list, skipped
 from eaglewire.doctor.serving_common import ServedReading
 from eaglewire.doctor.sglang_lint import lint_sglang, parse_sglang_args
 from eaglewire.doctor.standalone import CHECK as STANDALONE_CHECK
-from eaglewire.doctor.standalone import LabelSource, check_standalone
+from eaglewire.doctor.standalone import LabelSource, WiringVerdict, check_standalone, learned_wiring
 from eaglewire.doctor.trace import DEFAULT_TRACE_SPEC, run_trace
 from eaglewire.doctor.vllm_lint import lint_vllm, load_vllm_config
 from eaglewire.draft.model import Eagle3Draft
@@ -113,7 +118,7 @@ def diagnose(
     max_tokens: int = 128,
     accuracy_labels: LabelSource | None = None,
 ) -> DoctorReport:
-    """Every check the inputs allow. `draft_model` is the loaded eaglewire draft (standalone, trace)."""
+    """Every check the inputs allow. `draft_model` is the loaded draft (standalone accuracy, trace)."""
     report = DoctorReport()
     sample = _sample(records, max_records) if records is not None else None
     wiring: DataWiring | None = None
@@ -126,19 +131,66 @@ def diagnose(
         else:
             report.checks.append(skipped(DATA_CHECK, "needs --target to recompute the states"))
     draft_contract = draft_source.contract if draft_source is not None else None
+    # what the data's columns really are (None: unknown, e.g. the data is from a target of another shape)
+    values = (wiring.aux_boundaries or None) if wiring is not None else None
+    verdict: WiringVerdict | None = None
+    if (
+        draft_model is not None
+        and draft_contract is not None
+        and target is not None
+        and sample
+        and values is not None
+        and values != draft_contract.aux_boundaries
+        and len(values) == draft_contract.num_aux
+    ):
+        verdict = learned_wiring(
+            draft_model,
+            sample,
+            stored=values,
+            contract=draft_contract.aux_boundaries,
+            target=target,
+            labels=accuracy_labels,
+            max_records=max_records,
+            max_tokens=max_tokens,
+        )
+    verdict_findings = (
+        wiring_verdict_findings(verdict, draft_source, data_contract, target.num_layers if target else None)
+        if verdict is not None and draft_source is not None and data_contract is not None
+        else []
+    )
     if draft_source is not None:
         draft_result = check_draft(draft_source, target=target, data_contract=data_contract)
-        if wiring is not None and draft_contract is not None and data_contract is not None:
-            draft_result.findings += mislabelled_draft_findings(
-                draft_source, draft_contract, data_contract, wiring
+        if values is not None and draft_contract is not None and data_contract is not None:
+            _reconcile_with_data_values(
+                draft_result, draft_contract, data_contract, values, explained=bool(verdict_findings)
             )
         report.checks.append(draft_result)
+    if (
+        wiring is not None
+        and values is not None
+        and draft_contract is not None
+        and values != draft_contract.aux_boundaries
+        and (verdict is None or verdict.learned != "data")
+    ):
+        _data_fix_without_serving_advice(wiring.result, verdict)
 
-    trained, trained_from = _trained_boundaries(wiring, draft_contract, data_contract)
+    trained, trained_from = _trained_boundaries(values, draft_contract, data_contract, verdict)
     ref = draft_contract or data_contract
     num_layers = target.num_layers if target is not None else (ref.target.num_layers if ref else None)
     architecture = target.architecture if target is not None else (ref.target.architecture if ref else None)
     readings: list[ServedReading] = []
+    exported: Path | None = None
+    if draft_source is not None and draft_source.kind != "eaglewire":
+        export = check_export(
+            draft_source,
+            target=target,
+            trained=trained,
+            trained_from=trained_from,
+            generation=sglang_generation,
+        )
+        report.checks.append(export.result)
+        readings += export.readings
+        exported = draft_source.path
     if sglang_args is not None:
         lint = lint_sglang(
             sglang_args,
@@ -148,32 +200,40 @@ def diagnose(
             trained_from=trained_from,
             generation=sglang_generation,
             architecture=architecture,
+            ids_checked=exported,
         )
         report.checks.append(lint.result)
         readings += lint.readings
     if vllm_config is not None:
         vlint = lint_vllm(
-            vllm_config, draft=draft_source, num_layers=num_layers, trained=trained, trained_from=trained_from
+            vllm_config,
+            draft=draft_source,
+            num_layers=num_layers,
+            trained=trained,
+            trained_from=trained_from,
+            ids_checked=exported,
         )
         report.checks.append(vlint.result)
         readings += vlint.readings
+    readings = list({(r.label, r.boundaries, r.ids): r for r in readings}.values())
 
     if draft_model is not None and sample:
-        stored = wiring.aux_boundaries if wiring is not None else None
+        stored = values
         if stored is None and data_contract is not None and wiring is None:
             stored = data_contract.aux_boundaries
-        report.checks.append(
-            check_standalone(
-                draft_model,
-                sample,
-                data_boundaries=stored,
-                served=readings,
-                target=target,
-                max_records=max_records,
-                max_tokens=max_tokens,
-                labels=accuracy_labels,
-            )
+        standalone = check_standalone(
+            draft_model,
+            sample,
+            data_boundaries=stored,
+            served=readings,
+            target=target,
+            max_records=max_records,
+            max_tokens=max_tokens,
+            labels=accuracy_labels,
+            verdict=verdict,
         )
+        standalone.findings += verdict_findings
+        report.checks.append(standalone)
     elif draft_source is not None and sample and draft_model is None and target is None:
         report.checks.append(
             skipped(STANDALONE_CHECK, f"{draft_source.kind} export: needs --target to load its weights")
@@ -187,24 +247,102 @@ def diagnose(
     return report
 
 
-def mislabelled_draft_findings(
-    source: DraftSource, draft_contract: Contract, data_contract: Contract, wiring: DataWiring
+def _reconcile_with_data_values(
+    result: CheckResult,
+    draft_contract: Contract,
+    data_contract: Contract,
+    values: tuple[int, ...],
+    *,
+    explained: bool,
+) -> None:
+    """The draft-vs-data-contract difference on aux_boundaries, once the data's real boundaries are known.
+
+    When the draft's contract equals the data's values, the data's labels are what is wrong (data vs
+    target says so): the draft is fine, nothing to say about it. When the verdict's findings
+    (`wiring_verdict_findings`, `explained`) say what the difference means, the plain label difference
+    goes; otherwise it stays (the draft was not trained on this data, or nobody can tell).
+    """
+    if draft_contract.aux_boundaries == data_contract.aux_boundaries:
+        return
+    if not (explained or draft_contract.aux_boundaries == values):
+        return
+    result.findings = [
+        f for f in result.findings if not (f.check == "draft.vs_data_contract" and "aux_boundaries" in f.what)
+    ]
+    if draft_contract.aux_boundaries == values:
+        result.notes.append(
+            f"the draft's contract {fmt_list(draft_contract.aux_boundaries)} is what the data's columns hold by "
+            f"values; the data's labels {fmt_list(data_contract.aux_boundaries)} are wrong (see data vs target)"
+        )
+
+
+def _data_fix_without_serving_advice(result: CheckResult, verdict: WiringVerdict | None) -> None:
+    """The data's relabelling fix, without "train/serve with those" when the draft does not read them."""
+    why = (
+        "the draft does not read these boundaries, its contract's (see draft vs data): leave the draft as it is"
+        if verdict is not None and verdict.learned == "contract"
+        else "leave the draft as it is unless its own accuracy shows it learned these (see draft vs data)"
+    )
+    result.findings = [
+        replace(f, fix=f"{f.fix.split(SERVE_HINT)[0]}; {why}")
+        if f.check == "data.aux" and SERVE_HINT in f.fix
+        else f
+        for f in result.findings
+    ]
+
+
+def wiring_verdict_findings(
+    verdict: WiringVerdict, source: DraftSource, data_contract: Contract, num_layers: int | None
 ) -> list[Finding]:
-    """A draft whose contract copied the data's (wrong) labels needs the same relabelling as the data."""
-    actual = wiring.aux_boundaries
-    if actual is None or draft_contract.aux_boundaries != data_contract.aux_boundaries:
-        return []  # unknown values, or another mismatch already reported (draft.vs_data_contract)
-    if actual == draft_contract.aux_boundaries:
+    """ "This data is mislabelled" or "this draft was trained on mislabelled data", by the draft's own accuracy.
+
+    Never advises changing a draft that reads what its contract says (learned == "contract"), nor one whose
+    accuracy does not tell (learned == "unclear"): only the data is then named.
+    """
+    labels, real, mine = data_contract.aux_boundaries, verdict.stored, verdict.contract
+    contract_file = source.path / CONTRACT_FILE
+    if verdict.learned == "contract":
+        if labels == real:
+            return []  # the data is labelled right; the draft was trained on other data (draft vs target says if it matches)
+        return [
+            Finding(
+                check="draft.data_mislabelled",
+                severity="error",
+                what=f"this data is mislabelled: its columns are boundaries {fmt_list(real)}, its labels say "
+                f"{fmt_list(labels)}; the draft is fine (it reads its contract's boundaries {fmt_list(mine)})",
+                declared=f"the data's labels: aux_boundaries {fmt_list(labels)}",
+                actual=f"by values {fmt_list(real)}; the draft: {verdict.evidence()}",
+                fix=f"relabel the data (its contract.json must say aux_boundaries {fmt_list(real)}), or recapture it at "
+                f"the draft's boundaries {fmt_list(mine)} with `eaglewire data capture`; do not change the draft",
+            )
+        ]
+    if verdict.learned == "unclear":
         return []
+    ids = engine_ids_hint(real, num_layers) if num_layers is not None else ""
+    trained_on = "mislabelled data" if labels != real else "this data"
+    if source.kind == "eaglewire":
+        relabel = (
+            f"to correct {contract_file}, re-import the draft at those boundaries: eaglewire export --draft {source.path} "
+            f"--format vllm --out EXPORT, write {fmt_list(real)} as eagle_aux_hidden_state_layer_ids in "
+            "EXPORT/config.json, delete EXPORT/contract.json, then eaglewire import --format vllm --src EXPORT "
+            "--target TARGET --out NEW_DRAFT"
+        )
+    else:
+        relabel = (
+            f"write the ids for {fmt_list(real)} in {source.path / 'config.json'} (see the export check), delete "
+            f"{contract_file} and re-import: eaglewire import --format {source.kind} --src {source.path} "
+            "--target TARGET --out NEW_DRAFT"
+        )
     return [
         Finding(
             check="draft.contract_vs_data_values",
             severity="error",
-            what="the draft's contract repeats the data's labels, but the data it was trained on holds other boundaries",
-            declared=f"aux_boundaries {fmt_list(draft_contract.aux_boundaries)} ({source.path / CONTRACT_FILE})",
-            actual=f"trained on boundaries {fmt_list(actual)} (by values)",
-            fix=f"set aux_boundaries to {fmt_list(actual)} in {source.path / CONTRACT_FILE} (and in the data's manifest), "
-            "then export again",
+            what=f"this draft was trained on {trained_on}: it learned the data's real boundaries {fmt_list(real)}, "
+            f"its contract says {fmt_list(mine)}",
+            declared=f"aux_boundaries {fmt_list(mine)} ({contract_file})",
+            actual=f"it reads {fmt_list(real)}: {verdict.evidence()}",
+            fix=f"keep the draft, correct its wiring to aux_boundaries {fmt_list(real)}: serve it with {ids}; {relabel}"
+            + ("; relabel the data too" if labels != real else ""),
         )
     ]
 
@@ -224,13 +362,29 @@ def _trace_spec(sglang_args: str | None, target: LoadedTarget) -> SpecArgs:
 
 
 def _trained_boundaries(
-    wiring: DataWiring | None, draft_contract: Contract | None, data_contract: Contract | None
+    values: tuple[int, ...] | None,
+    draft_contract: Contract | None,
+    data_contract: Contract | None,
+    verdict: WiringVerdict | None,
 ) -> tuple[tuple[int, ...] | None, str]:
-    """What the draft was trained on: the data's values beat any label."""
-    if wiring is not None and wiring.aux_boundaries is not None:
-        return wiring.aux_boundaries, "the training data's values"
+    """What the draft was trained on (what serving must feed it), and where that came from.
+
+    The draft's own accuracy decides when it was measured; otherwise a draft's contract is never
+    overruled by the data's values (the data may be mislabelled, or not the draft's data); without
+    a draft, the data's values beat its labels.
+    """
+    if verdict is not None:
+        if verdict.learned == "data":
+            return verdict.stored, "the training data's values"
+        if verdict.learned == "contract":
+            return verdict.contract, "the draft's contract, confirmed by its accuracy"
+        return verdict.contract, "the draft's contract"
     if draft_contract is not None:
+        if values == draft_contract.aux_boundaries:
+            return values, "the training data's values"
         return draft_contract.aux_boundaries, "the draft's contract"
+    if values is not None:
+        return values, "the training data's values"
     if data_contract is not None:
         return data_contract.aux_boundaries, "the data's contract"
     return None, "unknown"

@@ -93,6 +93,16 @@ def loadable_draft_source(
     return source
 
 
+def same_directory(a: Path, b: Path | None) -> bool:
+    """True when `b` is given and names the same directory as `a`."""
+    if b is None:
+        return False
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
 def reading_row(r: ServedReading, num_layers: int) -> Row:
     ids = "absent (engine defaults)" if r.ids is None else fmt_list(r.ids)
     if r.boundaries is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from eaglewire.contract.numbering import (
     SGLANG_GENERATIONS,
@@ -39,6 +40,7 @@ from eaglewire.doctor.serving_common import (
     compare_reading,
     loadable_draft_source,
     reading_row,
+    same_directory,
 )
 from eaglewire.engine.spec_args import FLAG, sglang_effective_spec_args
 from eaglewire.errors import BoundaryError, ConfigError
@@ -316,8 +318,12 @@ def lint_sglang(
     trained_from: str = "the draft's contract",
     generation: str | None = None,
     architecture: str | None = None,
+    ids_checked: Path | None = None,
 ) -> ServingLint:
-    """Lint `--sglang-args` and the draft config SGLang would load. `trained`: the boundaries the draft needs."""
+    """Lint `--sglang-args` and the draft config SGLang would load. `trained`: the boundaries the draft needs.
+
+    ids_checked: an export whose layer ids the export check already compared; when SGLang loads that
+    directory its readings are returned (for the standalone check) without repeating the findings."""
     result = CheckResult(name=CHECK)
     args = parse_sglang_args(args_text)
     _spec_rows_and_findings(args, architecture, result)
@@ -339,6 +345,9 @@ def lint_sglang(
         ids = source.top_ids
         result.notes.append("layer ids only at the top level (speculators layout): older SGLang ignores them")
     readings = sglang_readings(ids, num_layers, trained, generation)
+    if same_directory(source.path, ids_checked):
+        result.notes.append(f"layer ids of {source.path}: see the export check")
+        return ServingLint(result=result, readings=readings)
     for r in readings:
         result.rows.append(reading_row(r, num_layers))
     matched = [compare_reading(r, trained, num_layers, result, trained_from=trained_from) for r in readings]

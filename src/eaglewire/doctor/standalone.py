@@ -6,6 +6,11 @@ columns that engine would assemble (recaptured at the engine's boundaries on the
 or, without a target, the stored columns permuted when the engine's boundaries are among them).
 A large gap is a finding showing both numbers.
 
+When the data's columns are not the draft contract's boundaries (mislabelled data), the draft is
+also measured with its contract's boundaries recaptured on the target (`learned_wiring`): the
+wiring it scores clearly better on is the one it learned (`WiringVerdict`), and the served
+wirings are then measured against that one.
+
 The metric is training's step 0 (`eaglewire.train.ttt`: row t reads fc(h_t) and x[t+1] at
 position t and predicts x[t+2]; it counts where `loss_mask[t+2]`), reused from there so the two
 cannot drift. A hit is the draft's argmax, mapped to target ids, equal to the label:
@@ -100,6 +105,103 @@ def _sum(a: Accuracy, b: Accuracy) -> Accuracy:
     return Accuracy(a.correct + b.correct, a.total + b.total)
 
 
+@dataclass(frozen=True)
+class WiringVerdict:
+    """Which wiring a draft learned, told by its own step-0 accuracy under both: the data's stored columns
+    (their real boundaries, by values) and its contract's boundaries recaptured on the live target.
+
+    This is what tells "this data is mislabelled" (the draft reads its contract's boundaries: the draft is
+    fine) from "this draft was trained on mislabelled data" (it reads the data's real boundaries: its
+    contract is wrong). Labels and fingerprints cannot: both drafts have a contract that matches the target.
+    """
+
+    stored: tuple[int, ...]  # the data's columns, by values
+    contract: tuple[int, ...]  # the draft's contract
+    stored_acc: Accuracy
+    contract_acc: Accuracy
+    labels: LabelSource
+    gap_threshold: float = GAP_THRESHOLD
+
+    @property
+    def learned(self) -> Literal["contract", "data", "unclear"]:
+        """'contract' / 'data' when one wiring wins by gap_threshold or more, else 'unclear'."""
+        if self.contract_acc.total == 0 or self.stored_acc.total == 0:
+            return "unclear"
+        gap = self.contract_acc.value - self.stored_acc.value
+        if gap >= self.gap_threshold:
+            return "contract"
+        if -gap >= self.gap_threshold:
+            return "data"
+        return "unclear"
+
+    def evidence(self) -> str:
+        return (
+            f"step-0 accuracy {self.contract_acc.text()} with its contract's boundaries {fmt_list(self.contract)} "
+            f"(recaptured on the target) against {self.stored_acc.text()} on the data's columns "
+            f"{fmt_list(self.stored)} (labels = {LABEL_TEXT[self.labels]})"
+        )
+
+
+LABEL_TEXT: dict[str, str] = {"target": "the target's argmax at t+1", "tokens": "the data's next tokens"}
+
+
+def measure(
+    draft: Eagle3Draft,
+    sample: Sequence[CapturedRecord],
+    *,
+    wirings: Sequence[tuple[int, ...]],
+    stored: Sequence[int] | None,
+    target: LoadedTarget | None,
+    labels: LabelSource,
+    max_tokens: int,
+) -> tuple[Accuracy, dict[tuple[int, ...], Accuracy]]:
+    """Step-0 accuracy on the stored columns, and with each of `wirings` (recaptured on `target`, or without
+    one the stored columns permuted: every wiring must then be among `stored`)."""
+    union = list(dict.fromkeys(b for bounds in wirings for b in bounds))
+    declared = Accuracy(0, 0)
+    per_wiring = {bounds: Accuracy(0, 0) for bounds in wirings}
+    for rec in sample:
+        n = min(int(rec.input_ids.shape[0]), int(rec.aux.shape[0]), max_tokens)
+        ids, mask = rec.input_ids[:n], rec.loss_mask[:n]
+        recaptured, target_labels = _target_pass(target, ids, union, draft, want_labels=labels == "target")
+        row_labels = (
+            target_labels if labels == "target" and target_labels is not None else labels_from_tokens(ids)
+        )
+        declared = _sum(declared, step0_hits(draft, ids, mask, rec.aux[:n], row_labels))
+        for bounds in wirings:
+            aux = _assemble(bounds, union, recaptured, rec.aux[:n], stored)
+            per_wiring[bounds] = _sum(per_wiring[bounds], step0_hits(draft, ids, mask, aux, row_labels))
+    return declared, per_wiring
+
+
+def learned_wiring(
+    draft: Eagle3Draft,
+    records: Sequence[CapturedRecord],
+    *,
+    stored: Sequence[int],
+    contract: Sequence[int],
+    target: LoadedTarget,
+    labels: LabelSource | None = None,
+    max_records: int = 8,
+    max_tokens: int = 256,
+    gap_threshold: float = GAP_THRESHOLD,
+) -> WiringVerdict:
+    """The draft's step-0 accuracy on the stored columns (boundaries `stored`, by values) and with its
+    contract's boundaries recaptured on `target`: which of the two it learned (see `WiringVerdict`)."""
+    labels = labels or "target"
+    stored, contract = tuple(stored), tuple(contract)
+    stored_acc, per = measure(
+        draft,
+        list(records[:max_records]),
+        wirings=[contract],
+        stored=stored,
+        target=target,
+        labels=labels,
+        max_tokens=max_tokens,
+    )
+    return WiringVerdict(stored, contract, stored_acc, per[contract], labels, gap_threshold)
+
+
 def check_standalone(
     draft: Eagle3Draft,
     records: Sequence[CapturedRecord],
@@ -111,14 +213,17 @@ def check_standalone(
     max_tokens: int = 256,
     gap_threshold: float = GAP_THRESHOLD,
     labels: LabelSource | None = None,
+    verdict: WiringVerdict | None = None,
 ) -> CheckResult:
-    """Step-0 accuracy on `records` as stored (the trained wiring, boundaries `data_boundaries` when known)
-    and for each distinct served wiring; a drop of `gap_threshold` or more is a finding.
+    """Step-0 accuracy on `records` as stored (boundaries `data_boundaries` when known) and for each
+    distinct served wiring; a drop of `gap_threshold` or more from the trained wiring is a finding.
 
+    The trained wiring is the stored columns, unless `verdict` (from `learned_wiring`) showed that the
+    draft reads its contract's boundaries instead: then served wirings are measured against those.
     labels: "target" (default with a target: training's metric) or "tokens" (default without).
     """
     result = CheckResult(name=CHECK)
-    labels = labels or ("target" if target is not None else "tokens")
+    labels = labels or (verdict.labels if verdict else None) or ("target" if target is not None else "tokens")
     if labels == "target" and target is None:
         raise ConfigError("standalone accuracy with labels='target' needs a live target", fix="pass --target")
     sample = list(records[:max_records])
@@ -126,52 +231,91 @@ def check_standalone(
         result.skipped = True
         result.notes.append("no records")
         return result
-    trained = tuple(data_boundaries) if data_boundaries is not None else None
+    stored = tuple(data_boundaries) if data_boundaries is not None else None
+    known: dict[tuple[int, ...], Accuracy] = {}
+    if verdict is not None:
+        known = {verdict.contract: verdict.contract_acc}
+    reference = verdict.contract if verdict is not None and verdict.learned == "contract" else stored
     wirings: dict[tuple[int, ...], list[ServedReading]] = {}
     for r in served:
-        if r.boundaries is not None and tuple(r.boundaries) != trained:
+        if r.boundaries is not None and tuple(r.boundaries) != reference:
             wirings.setdefault(tuple(r.boundaries), []).append(r)
     runnable = {}
     for bounds, readers in wirings.items():
         if (
-            target is not None
+            bounds in known
+            or bounds == stored
+            or target is not None
             and max(bounds) <= target.num_layers
-            or trained is not None
-            and set(bounds) <= set(trained)
+            or stored is not None
+            and set(bounds) <= set(stored)
         ):
             runnable[bounds] = readers
         else:
             result.notes.append(
                 f"{', '.join(r.label for r in readers)} wiring {fmt_list(bounds)}: needs a --target to recapture; not measured"
             )
-    union = list(dict.fromkeys(b for bounds in runnable for b in bounds))
-    declared = Accuracy(0, 0)
-    per_wiring = {bounds: Accuracy(0, 0) for bounds in runnable}
-    for rec in sample:
-        n = min(int(rec.input_ids.shape[0]), int(rec.aux.shape[0]), max_tokens)
-        ids, mask = rec.input_ids[:n], rec.loss_mask[:n]
-        recaptured, target_labels = _target_pass(target, ids, union, draft, want_labels=labels == "target")
-        row_labels = (
-            target_labels if labels == "target" and target_labels is not None else labels_from_tokens(ids)
+    to_measure = [b for b in runnable if b not in known and b != stored]
+    measured: dict[tuple[int, ...], Accuracy]
+    if verdict is not None and not to_measure:
+        stored_acc, measured = verdict.stored_acc, {}
+    else:
+        stored_acc, measured = measure(
+            draft,
+            sample,
+            wirings=to_measure,
+            stored=stored,
+            target=target,
+            labels=labels,
+            max_tokens=max_tokens,
         )
-        declared = _sum(declared, step0_hits(draft, ids, mask, rec.aux[:n], row_labels))
-        for bounds in runnable:
-            aux = _assemble(bounds, union, recaptured, rec.aux[:n], trained)
-            per_wiring[bounds] = _sum(per_wiring[bounds], step0_hits(draft, ids, mask, aux, row_labels))
-    label_src = "the target's argmax at t+1" if labels == "target" else "the data's next tokens"
-    result.notes.append(f"step-0 accuracy on {len(sample)} record(s), loss-masked rows, labels = {label_src}")
-    result.rows.append(
-        Row(
-            item="step-0 accuracy, trained wiring",
-            declared=f"stored columns {fmt_list(trained) if trained else '(as stored)'}",
-            actual=declared.text(),
-            ok=True,
-        )
+    per_wiring = {**known, **measured}
+    if stored is not None:
+        per_wiring[stored] = stored_acc
+    result.notes.append(
+        f"step-0 accuracy on {len(sample)} record(s), loss-masked rows, labels = {LABEL_TEXT[labels]}"
     )
-    for bounds, acc in per_wiring.items():
-        readers = runnable[bounds]
+    if verdict is not None and reference == verdict.contract:
+        ref_acc = verdict.contract_acc
+        ref_text = f"contract's boundaries {fmt_list(reference)} (recaptured)"
+        result.rows.append(
+            Row(item="step-0 accuracy, trained wiring", declared=ref_text, actual=ref_acc.text(), ok=True)
+        )
+        result.rows.append(
+            Row(
+                item="step-0 accuracy, the data's columns",
+                declared=f"stored columns {fmt_list(stored)}",
+                actual=stored_acc.text(),
+                ok=True,
+                note="the data's labels are not what its columns hold; the draft does not read these",
+            )
+        )
+    else:
+        ref_acc = stored_acc
+        result.rows.append(
+            Row(
+                item="step-0 accuracy, trained wiring",
+                declared=f"stored columns {fmt_list(stored) if stored else '(as stored)'}",
+                actual=stored_acc.text(),
+                ok=True,
+            )
+        )
+        if verdict is not None:
+            result.rows.append(
+                Row(
+                    item="step-0 accuracy, the draft's contract wiring",
+                    declared=f"contract's boundaries {fmt_list(verdict.contract)} (recaptured)",
+                    actual=verdict.contract_acc.text(),
+                    ok=True,
+                    note="the draft does not read what its contract says"
+                    if verdict.learned == "data"
+                    else "no clear winner: which wiring the draft learned is not known",
+                )
+            )
+    for bounds, readers in runnable.items():
+        acc = per_wiring[bounds]
         labels_txt = ", ".join(r.label for r in readers)
-        gap = declared.value - acc.value
+        gap = ref_acc.value - acc.value
         ok = not gap >= gap_threshold
         result.rows.append(
             Row(
@@ -182,12 +326,13 @@ def check_standalone(
             )
         )
         if not ok:
+            trained_txt = fmt_list(reference) if reference else "(stored)"
             result.findings.append(
                 Finding(
                     check="standalone.accuracy_gap",
                     severity="error",
                     what=f"served as {labels_txt}, the draft loses {100 * gap:.1f} points of step-0 accuracy",
-                    declared=f"trained wiring {fmt_list(trained) if trained else '(stored)'}: {declared.text()}",
+                    declared=f"trained wiring {trained_txt}: {ref_acc.text()}",
                     actual=f"served wiring {fmt_list(bounds)}: {acc.text()}",
                     fix=readers[0].fix,
                 )

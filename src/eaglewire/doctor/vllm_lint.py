@@ -28,6 +28,7 @@ from eaglewire.doctor.serving_common import (
     compare_reading,
     loadable_draft_source,
     reading_row,
+    same_directory,
 )
 from eaglewire.errors import BoundaryError, ConfigError
 from eaglewire.typed_config import read_json_file
@@ -91,8 +92,11 @@ def lint_vllm(
     num_layers: int | None,
     trained: Sequence[int] | None,
     trained_from: str = "the draft's contract",
+    ids_checked: Path | None = None,
 ) -> ServingLint:
-    """Lint a vLLM config dict (see module docstring) against the boundaries the draft was trained on."""
+    """Lint a vLLM config dict (see module docstring) against the boundaries the draft was trained on.
+
+    ids_checked: an export whose layer ids the export check already compared (see `lint_sglang`)."""
     result = CheckResult(name=CHECK)
     spec = data.get("speculative_config", data)
     method = spec.get("method")
@@ -152,6 +156,9 @@ def lint_vllm(
     if source is None or num_layers is None:
         return ServingLint(result=result, readings=[])
     readings = vllm_readings(source, num_layers, trained)
+    if same_directory(source.path, ids_checked):
+        result.notes.append(f"layer ids of {source.path}: see the export check")
+        return ServingLint(result=result, readings=readings)
     for r in readings:
         result.rows.append(reading_row(r, num_layers))
         compare_reading(r, trained, num_layers, result, trained_from=trained_from)

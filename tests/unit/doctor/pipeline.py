@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from eaglewire.contract.contract import Contract, FinalState
 from eaglewire.data.types import CapturedRecord
+from eaglewire.draft.init import init_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
@@ -110,6 +111,57 @@ def oracle_records(
     return out
 
 
+def recaptured(
+    target: LoadedTarget, records: Sequence[CapturedRecord], aux_boundaries: Sequence[int]
+) -> list[CapturedRecord]:
+    """The same tokens and masks, with the aux states captured (for real) at other boundaries."""
+    out = []
+    for r in records:
+        states = capture(
+            target.model,
+            r.input_ids[None],
+            aux_boundaries=list(aux_boundaries),
+            final=FinalState(target.num_layers, "pre"),
+        )
+        out.append(replace(r, aux=states.aux[0], final=states.final[0]))
+    return out
+
+
+@dataclass(frozen=True)
+class MislabelledWorld:
+    """Data whose labels say `labels` but whose columns are boundaries `stored`, and a draft whose
+    contract says `labels` (built on the live target, so its fingerprint matches it) that learned `learned`."""
+
+    draft: Eagle3Draft
+    draft_contract: Contract
+    records: list[CapturedRecord]
+    data_contract: Contract
+
+
+def mislabelled_world(
+    target: LoadedTarget,
+    *,
+    labels: Sequence[int],
+    stored: Sequence[int],
+    learned: Sequence[int],
+    n: int = 4,
+    length: int = 32,
+    seed: int = 0,
+) -> MislabelledWorld:
+    """`learned == labels`: "this data is mislabelled" (the draft was trained on correctly labelled data);
+    `learned == stored`: "this draft was trained on mislabelled data" (it learned the columns' real boundaries).
+
+    The draft stands in for one trained to convergence (see `oracle_records`): the data's tokens are its own
+    step-0 predictions from the states at `learned`; the stored columns are then captured at `stored`.
+    """
+    contract = build_contract(target, labels)
+    draft = init_draft(target, contract, seed=seed).eval()
+    records = oracle_records(target, draft, learned, n=n, length=length, seed=seed)
+    if tuple(stored) != tuple(learned):
+        records = recaptured(target, records, stored)
+    return MislabelledWorld(draft, contract, records, build_contract(target, labels))
+
+
 @torch.no_grad()
 def step0_predictions(draft: Eagle3Draft, ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
     """[T] target ids the draft predicts at step 0 for rows 0..T-1 (row t: x[t+2])."""
@@ -168,3 +220,13 @@ def tiny_hidden(num_layers: int, hidden: int) -> LoadedTarget:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().requires_grad_(False)
     return LoadedTarget(model=model, tokenizer=tok, path=Path(f"<tiny-llama-L{num_layers}-H{hidden}>"))
+
+
+def rewrite_marker(directory: Path) -> None:
+    """Record the files' new checksums in the directory's marker, as eaglewire does when it writes them
+    (a draft whose weights a test changed the way training or another tool would, not a damaged copy)."""
+    from eaglewire.outputs import read_marker, write_marker
+
+    marker = read_marker(directory)
+    if marker is not None:
+        write_marker(directory, marker.kind, marker.files)

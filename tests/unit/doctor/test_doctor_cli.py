@@ -139,5 +139,6 @@ def test_sglang_export_as_draft_runs_every_check(files):
     assert {c["name"]: c["status"] for c in out["checks"]} == {
         "data vs target": "ok",
         "draft vs target": "ok",
+        "export: sglang": "ok",
         "draft vs data": "ok",
     }

@@ -12,12 +12,13 @@ from safetensors.torch import load_file, save_file
 
 from eaglewire.doctor.draft_check import check_draft
 from eaglewire.doctor.draft_source import read_draft_source
+from eaglewire.doctor.export_check import check_export
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
 from eaglewire.export.exporting import export_draft
 from eaglewire.target.loading import LoadedTarget
 from tests.helpers.tiny import make_tiny_target
-from tests.unit.doctor.pipeline import labelled, tiny
+from tests.unit.doctor.pipeline import labelled, rewrite_marker, tiny
 
 DEFAULT = (2, 6, 9)
 VD = 100
@@ -46,7 +47,12 @@ def test_matching_draft_has_no_finding(drafts, kind):
     assert src.kind == {"ew": "eaglewire", "sglang": "sglang", "vllm": "vllm"}[kind]
     result = check_draft(src, target=tiny(12))
     assert result.findings == [], [f.lines() for f in result.findings]
-    assert any(r.item == "fc.weight in_features" and r.ok for r in result.rows)
+    if kind == "ew":
+        assert any(r.item == "fc.weight in_features" and r.ok for r in result.rows)
+    else:  # an export's fc width is read the engine's way (fc = target_hidden_size * 3): the export check
+        export = check_export(src, target=tiny(12), trained=DEFAULT, trained_from="the draft's contract")
+        assert export.result.findings == [], [f.lines() for f in export.result.findings]
+        assert any(r.item == "target_hidden_size" and r.ok for r in export.result.rows)
 
 
 def test_fingerprint_catches_another_checkpoint_of_the_same_architecture(drafts):
@@ -89,6 +95,7 @@ def _tamper(src: Path, dst: Path, **changes) -> Path:
         )
         tensors[key] = fn(tensors[key])
     save_file(tensors, str(path))
+    rewrite_marker(dst)
     return dst
 
 
@@ -117,11 +124,23 @@ def test_t2d_count_differs_from_vd(drafts, tmp_path):
 
 
 def test_fc_width_differs_from_a_times_ht(drafts, tmp_path):
-    d = _tamper(drafts["sglang"], tmp_path / "fc", fc__weight=lambda w: w[:, :128].contiguous())
+    d = _tamper(drafts["ew"], tmp_path / "fc", fc__weight=lambda w: w[:, :128].contiguous())
     result = check_draft(read_draft_source(d), target=tiny(12))
     (f,) = result.findings
     assert f.check == "draft.fc_width" and f.actual == "fc.weight in_features = 128"
     assert f.declared == "A*Ht = 3*64 = 192"
+
+
+def test_export_fc_width_differs_from_three_times_target_hidden_size(drafts, tmp_path):
+    d = _tamper(drafts["sglang"], tmp_path / "fc", fc__weight=lambda w: w[:, :128].contiguous())
+    export = check_export(read_draft_source(d), target=tiny(12), trained=DEFAULT, trained_from="contract")
+    assert [f.check for f in export.result.findings] == [
+        "export.sglang.fc_width",
+        "export.sglang.fc_width_vs_contract",
+    ]
+    f = export.result.findings[0]
+    assert f.actual == f"{d}: fc.weight in_features = 128 (= 2 aux states)"
+    assert "3 * 64 = 192" in f.declared
 
 
 @pytest.mark.parametrize(("kind", "severity"), [("sglang", "error"), ("ew", "warning"), ("vllm", None)])
@@ -134,6 +153,7 @@ def test_a_trained_embedding_is_flagged_where_sglang_would_replace_it(drafts, tm
     name = next(k for k in state if k.endswith("embed_tokens.weight"))
     state[name] = state[name] + 0.5 * state[name].std() * torch.randn_like(state[name])  # as if trained
     save_file(state, str(weights))
+    rewrite_marker(bad)
     result = check_draft(read_draft_source(bad), target=tiny(12))
     found = [f for f in result.findings if f.check == "draft.embedding"]
     row = next(r for r in result.rows if r.item == "embed_tokens vs target embedding")

@@ -73,7 +73,11 @@ def test_the_minus_one_embedding_fix_is_diagnosed_with_both_accuracies(world):
     (data,) = found["data.aux"]
     assert "no embedding column" in data.what and "aux_boundaries=[3, 7, 10]" in data.fix
     assert "data.final" in found
-    assert "set aux_boundaries to [3, 7, 10]" in found["draft.contract_vs_data_values"][0].fix
+    # the draft's own accuracy says it learned the data's real boundaries: its contract (the labels) is wrong
+    (mis,) = found["draft.contract_vs_data_values"]
+    assert "this draft was trained on mislabelled data" in mis.what
+    assert "correct its wiring to aux_boundaries [3, 7, 10]" in mis.fix and "[2, 6, 9]" in mis.fix
+    assert "100.0% (104/104) on the data's columns [3, 7, 10]" in mis.actual
     # 2. serving: -1 -> boundary 0, which stock SGLang cannot capture; the right ids are [2, 6, 9]
     (ids,) = found["serving.sglang.layer_ids"]
     assert "prepends an embedding column" in ids.what and "not captured by stock SGLang" in ids.what

@@ -68,6 +68,7 @@ class OutputKind(enum.StrEnum):
     TRAIN_RUN = "train-run"
     TRAIN_CHECKPOINT = "train-checkpoint"
     QUICKSTART_RUN = "quickstart-run"
+    BENCH = "bench"
 
 
 # Outputs written once and then only read (or replaced whole): nothing is written inside one.
@@ -93,6 +94,7 @@ DESCRIPTION = {
     OutputKind.TRAIN_RUN: "a training run",
     OutputKind.TRAIN_CHECKPOINT: "a training checkpoint",
     OutputKind.QUICKSTART_RUN: "a quickstart run",
+    OutputKind.BENCH: "a benchmark report",
 }
 OLD_OUTPUT = " (written before eaglewire.json markers)"
 
@@ -201,6 +203,11 @@ def _json_field(name: str, key: str, values: tuple[str, ...]) -> Callable[[Path]
     return probe
 
 
+def _any_file(*names: str) -> Callable[[Path], bool]:
+    """A probe: the directory holds at least one of `names`."""
+    return lambda directory: any((directory / n).is_file() for n in names)
+
+
 @dataclass(frozen=True)
 class Legacy:
     """How an output of one kind written before markers existed looks: the files it must hold,
@@ -248,6 +255,8 @@ LEGACY: dict[OutputKind, Legacy] = {
     ),
     OutputKind.TRAIN_RUN: Legacy(frozenset({"train_config.json"}), None),
     OutputKind.QUICKSTART_RUN: Legacy(frozenset({"preset.json"}), None),
+    # a bench writes bench.json, a sweep sweep.json (and sweep.partial.json while it runs)
+    OutputKind.BENCH: Legacy(frozenset(), None, _any_file("bench.json", "sweep.json", "sweep.partial.json")),
 }
 
 

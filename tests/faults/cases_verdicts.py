@@ -52,6 +52,12 @@ CASES = [
         inject="accept-first-draft",
     ),
     Case(
+        "bench:report-into-a-model-directory",
+        BENCH.replace("--out {ws}/bench", "--out {ws}/target"),
+        2,
+        says=("--out {ws}/target: not empty and not an eaglewire output",),
+    ),
+    Case(
         "eval:clean",
         f"eval --draft {DRAFT} --target {TARGET} --data {{ws}}/qs/data/eval --num-steps 2 --device cpu",
         0,

@@ -181,6 +181,10 @@ def bench(
                       "--sweep-num-draft-tokens": sweep_num_draft_tokens, "--batch-sizes": batch_sizes},
         eval_max_records=eval_max_records, eval_answer=eval_answer, dtype=dtype,
     )  # fmt: skip
+    from eaglewire.outputs import OutputKind, check_resumable_dir, claim_output_dir
+
+    # A rerun into its own report directory rewrites the reports (a cut sweep resumes there); anything else: refused
+    check_resumable_dir(out, OutputKind.BENCH)
     from eaglewire.bench.heldout_trees import evaluate_predictor
     from eaglewire.bench.prediction import find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
@@ -250,6 +254,7 @@ def bench(
         served_prediction=served_prediction,
     )
     report = run_benchmark(loaded, draft, prompt_set, cfg, meta={"command": command}, predictor=predictor)
+    claim_output_dir(out, OutputKind.BENCH)
     paths = report.write(out, plots=plots)
     if as_json:
         print_json(report.to_json())
@@ -297,8 +302,10 @@ def _sweep(
 ) -> None:
     from eaglewire.bench.report import describe_device, now_iso
     from eaglewire.bench.sweep import run_sweep, sweep_markdown, write_best_setting, write_sweep
+    from eaglewire.outputs import OutputKind, claim_output_dir
 
     source = f"{command} | {now_iso()} | {describe_device(loaded.device)}"
+    claim_output_dir(out, OutputKind.BENCH)  # before the sweep: it saves each finished setting there
     result = run_sweep(
         loaded, draft, prompt_set, cfg, predictor=predictor, source=source, progress_dir=out, resume=resume
     )

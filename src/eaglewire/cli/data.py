@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, parse_int_list, print_json, print_table, resolve_device
-from eaglewire.cli.flags import at_least, in_range
+from eaglewire.cli.flags import at_least, in_range, one_of
 from eaglewire.data.batching import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
@@ -74,6 +74,36 @@ def _check_regenerate_flags(
     at_least("--max-seconds", max_seconds, 0.0, "0 = no budget")
 
 
+def _check_server_flags(
+    *, server: str | None, input: str, model: str | None, concurrency: int | None, max_retries: int | None,
+    request_timeout: float | None,
+) -> None:  # fmt: skip
+    """`data regenerate --server`'s flags, before any work: the others only mean something with it."""
+    from eaglewire.errors import ConfigError
+
+    if server is None:
+        # (--api-key may come from its environment variable: harmless without --server)
+        given = [f for f, v in (("--model", model), ("--concurrency", concurrency), ("--max-retries", max_retries),
+                                ("--request-timeout", request_timeout)) if v is not None]  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: only mean something with --server (regeneration through a server)",
+                fix="add --server http://HOST:PORT, or drop those flags to regenerate with the local target",
+            )
+        return
+    at_least("--concurrency", concurrency, 1, "requests in flight at most")
+    at_least("--max-retries", max_retries, 0, "retries per request after the first attempt")
+    at_least("--request-timeout", request_timeout, 0.001, "seconds per request")
+    from eaglewire.data.builtin import builtin_name
+
+    if builtin_name(input) == "magpie":
+        raise ConfigError(
+            f"--input {input} with --server: Magpie prompts are the target's own raw completions of a bare "
+            "user-turn prefix, which a chat server cannot be asked for",
+            fix="regenerate builtin:magpie without --server, or pass a prompt file to --input",
+        )
+
+
 def _require_conversations(input: str, count: int, stats: Any, *, allow_empty: bool) -> None:
     """An input that yields no conversation is refused (it would write an empty output), unless --allow-empty."""
     from eaglewire.errors import DataFormatError
@@ -93,7 +123,9 @@ def regenerate_cmd(
     input: str = typer.Option(..., "--input", help=INPUT_HELP),
     out: Path = typer.Option(..., "--out", help="output JSONL (appended; rerun to resume)"),
     split: str = typer.Option("train", "--split", help=SPLIT_HELP),
-    temperature: float = typer.Option(0.7, "--temperature", help="0 = greedy"),
+    temperature: float = typer.Option(
+        None, "--temperature", help="0 = greedy [default: 0.7; with --server 0, greedy]"
+    ),
     top_p: float = typer.Option(0.95, "--top-p"),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
     batch_size: int = typer.Option(16, "--batch-size"),
@@ -133,14 +165,57 @@ def regenerate_cmd(
         help="an input with no conversation (empty, or every row skipped) writes an empty output "
         "instead of failing",
     ),
+    server: str = typer.Option(
+        None,
+        "--server",
+        help="regenerate through an OpenAI-compatible server (vLLM, SGLang, eaglewire serve) at this URL "
+        "(http://HOST:PORT or its /v1 base): each user turn goes to /v1/chat/completions; --target then lends "
+        "only its tokenizer and chat template (to count prompts), and --dtype, --device, --batch-size and "
+        "--continuous are not used",
+    ),
+    model: str = typer.Option(
+        None, "--model", help="with --server: the served model's name [default: the one the server lists]"
+    ),
+    concurrency: int = typer.Option(
+        None, "--concurrency", help="with --server: requests in flight at most [default: 8]"
+    ),
+    max_retries: int = typer.Option(
+        None,
+        "--max-retries",
+        help="with --server: retries of a request on HTTP 429/502/503/504, a dropped connection or a timeout "
+        "(exponential backoff with jitter; Retry-After honoured) before the run stops [default: 8]",
+    ),
+    request_timeout: float = typer.Option(
+        None, "--request-timeout", help="with --server: seconds one request may take [default: 600]"
+    ),
+    api_key: str = typer.Option(
+        None,
+        "--api-key",
+        envvar="EAGLEWIRE_SERVER_API_KEY",
+        help="with --server: sent as 'Authorization: Bearer KEY'",
+    ),
 ) -> None:
-    """The target answers every user turn (EAGLE-3's self-distillation); output is JSONL again."""
+    """The target answers every user turn (EAGLE-3's self-distillation); output is JSONL again.
+
+    With --server the target answers through an OpenAI-compatible server instead (the path for targets
+    that need tensor parallelism or a cluster): the same prompts, output rows, order and resume rules.
+    """
     _check_regenerate_out(out, input)
+    if temperature is None:
+        temperature = 0.0 if server is not None else 0.7
     _check_regenerate_flags(
         limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature,
         top_p=top_p, max_prompt_tokens=max_prompt_tokens, magpie_prompts=magpie_prompts,
         magpie_opened_fraction=magpie_opened_fraction, max_seconds=max_seconds,
     )  # fmt: skip
+    _check_server_flags(
+        server=server, input=input, model=model, concurrency=concurrency, max_retries=max_retries,
+        request_timeout=request_timeout,
+    )  # fmt: skip
+    if server is not None:
+        from eaglewire.data.regenerate_http import server_base_url
+
+        server_base_url(server)  # a malformed URL is refused before any work
     from dataclasses import replace
 
     from eaglewire.data.build import load_source
@@ -159,6 +234,31 @@ def regenerate_cmd(
             input, split=parse_split(split), require_assistant=False, skip_bad=skip_bad, limit=limit
         )
         _require_conversations(input, len(convs), read_stats, allow_empty=allow_empty)
+    if server is not None:
+        from eaglewire.data.regenerate_http import RetryPolicy, ServerSettings, regenerate_via_server
+
+        settings = ServerSettings(
+            url=server,
+            model=model,
+            concurrency=8 if concurrency is None else concurrency,
+            api_key=api_key,
+            request_timeout_s=600.0 if request_timeout is None else request_timeout,
+            retry=RetryPolicy() if max_retries is None else RetryPolicy(max_retries=max_retries),
+        )
+        stats = regenerate_via_server(
+            _tokenizer(target),
+            convs,
+            out,
+            sampling,
+            settings,
+            chat_template=chat_template,
+            max_prompt_tokens=max_prompt_tokens,
+            show_progress=progress,
+            max_seconds=max_seconds,
+            allow_empty=allow_empty,
+        )
+        _print_regenerated(out, stats, read_stats)
+        return
     loaded = load_target(target, dtype=dtype, device=resolve_device(device))
     if builtin_name(input) == "magpie":
         magpie_sampling = replace(DEFAULT_MAGPIE_SAMPLING, seed=seed, batch_size=batch_size)
@@ -184,6 +284,10 @@ def regenerate_cmd(
         generate_fn=pick_generate_fn(continuous=continuous),
         allow_empty=allow_empty,
     )
+    _print_regenerated(out, stats, read_stats)
+
+
+def _print_regenerated(out: Path, stats: Any, read_stats: Any) -> None:
     print_table(
         f"regenerated into {out}",
         ["field", "value"],
@@ -197,6 +301,7 @@ def regenerate_cmd(
             ["stopped at --max-seconds (rerun resumes)", stats.stopped_at_time_budget],
             ["skipped input (malformed/empty)", f"{read_stats.skipped_malformed}/{read_stats.skipped_empty}"],
             ["backend", stats.backend],
+            *[["note", note] for note in stats.notes],
         ],
     )
 
@@ -382,6 +487,85 @@ def capture_cmd(
             ["throughput", f"{stats.tokens_per_second:.0f} tok/s"],
         ],
     )
+
+
+@data_app.command("relabel")
+def relabel_cmd(
+    data: Path = typer.Option(
+        ..., "--data", help="shard directory from `eaglewire data capture` (or import)"
+    ),
+    target: str = typer.Option(
+        ...,
+        "--target",
+        help="the target the data was captured from: HF model directory, .gguf file, or 'smollm2'",
+    ),
+    aux_boundaries: str = typer.Option(
+        ...,
+        "--aux-boundaries",
+        help="what the stored aux columns really are, in order (eaglewire boundaries; `eaglewire doctor --data` "
+        "says)",
+    ),
+    final_norm: str = typer.Option(
+        None, "--final-norm", help="the final state is 'pre' or 'post' the norm (default: as labelled now)"
+    ),
+    final_boundary: int = typer.Option(
+        None, "--final-boundary", help="the final state's boundary (default: as labelled now)"
+    ),
+    dtype: str = typer.Option(
+        None,
+        "--dtype",
+        help="the dtype the target ran in when the states were captured: float32 | bfloat16 | float16 "
+        "(default: as labelled now); the target runs in it for the check",
+    ),
+    max_records: int = typer.Option(
+        4, "--max-records", help="records whose states are recomputed and compared"
+    ),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="tokens per record compared"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+) -> None:
+    """Correct the labels of shards whose tensors are right, proven by values on the live target first.
+
+    Each column must be, by values, the state it is to be called; contract.json and manifest.json are
+    then rewritten (a contract built on the target). The shards are not touched. Idempotent.
+    """
+    aux = parse_int_list(aux_boundaries, what="--aux-boundaries")
+    if not aux:
+        from eaglewire.errors import ConfigError
+
+        raise ConfigError("--aux-boundaries: expected a comma-separated list like 3,5,6, got an empty one")
+    one_of("--final-norm", final_norm, ("pre", "post"))
+    one_of("--dtype", dtype, ("float32", "bfloat16", "float16"))
+    at_least("--max-records", max_records, 1)
+    at_least("--max-tokens", max_tokens, 3)
+    from eaglewire.data.relabel import (
+        check_data_request,
+        describe,
+        open_shards,
+        relabel_data,
+        requested_final,
+    )
+    from eaglewire.target.loading import load_target
+
+    dataset = open_shards(data)  # before the target loads: a wrong directory or list costs nothing
+    old = dataset.contract
+    check_data_request(old, aux, data)
+    final = requested_final(
+        old.final,
+        old.target.num_layers,
+        boundary=final_boundary,
+        norm="post" if final_norm == "post" else "pre" if final_norm else None,
+    )
+    loaded = load_target(target, dtype=dtype or old.dtype, device=resolve_device(device))
+    result = relabel_data(
+        dataset, loaded, aux, final=final, target_arg=target, max_records=max_records, max_tokens=max_tokens
+    )
+    print_table(
+        (f"relabelled: {', '.join(result.written)} rewritten (the shards are untouched)"
+         if result.written else "already labelled so: nothing written"),
+        ["state", "was labelled", "now labelled (proven by values)"],
+        describe(result),
+        caption=f"{data}; " + (result.wiring.result.notes[-1] if result.wiring.result.notes else ""),
+    )  # fmt: skip
 
 
 @data_app.command("inspect")

@@ -1,4 +1,5 @@
-"""`eaglewire draft init`: an untrained EAGLE-3 draft for any supported target."""
+"""`eaglewire draft init`: an untrained EAGLE-3 draft for any supported target; `eaglewire draft
+relabel`: a copy of a draft wired to other aux boundaries."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import parse_int_list, print_table
+from eaglewire.cli.flags import one_of
 from eaglewire.outputs import OutputKind, check_output_dir, fresh_output
 
 draft_app = typer.Typer(help="Create and inspect draft models.", no_args_is_help=True)
@@ -94,6 +96,88 @@ def init(
             ["vocab", f"V={draft.config.vocab_size}, Vd={draft.config.draft_vocab_size}"],
             ["trainable params (without embeddings)", f"{params / 1e6:.2f} M"],
         ],
+    )
+
+
+@draft_app.command("relabel")
+def relabel(
+    draft: Path = typer.Option(..., "--draft", help="eaglewire draft directory (read, never written)"),
+    target: str = typer.Option(
+        ..., "--target", help="the draft's target: HF model directory, .gguf file, or 'smollm2'"
+    ),
+    aux_boundaries: str = typer.Option(
+        ...,
+        "--aux-boundaries",
+        help="the boundaries the draft really reads, in order (eaglewire numbering; `eaglewire doctor` "
+        "says which, from the draft's own accuracy)",
+    ),
+    out: Path = typer.Option(..., "--out", help="directory to write the relabelled draft to"),
+    final_norm: str = typer.Option(
+        None, "--final-norm", help="the final state 'pre' or 'post' the norm (default: the draft's)"
+    ),
+    final_boundary: int = typer.Option(
+        None, "--final-boundary", help="the final state's boundary (default: the draft's)"
+    ),
+    dtype: str = typer.Option(
+        None,
+        "--dtype",
+        help="the dtype the target runs in for the contract: float32 | bfloat16 | float16 (default: the draft's)",
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="replace an earlier eaglewire draft in --out, as a whole (never another kind of directory)",
+    ),
+) -> None:
+    """A new draft with the same config and weights and a contract rebuilt at other aux boundaries.
+
+    For a draft trained on mislabelled data (the doctor tells by its accuracy): it learned the real states.
+    """
+    aux = parse_int_list(aux_boundaries, what="--aux-boundaries")
+    if not aux:
+        from eaglewire.errors import ConfigError
+
+        raise ConfigError("--aux-boundaries: expected a comma-separated list like 3,5,6, got an empty one")
+    one_of("--final-norm", final_norm, ("pre", "post"))
+    one_of("--dtype", dtype, ("float32", "bfloat16", "float16"))
+    from eaglewire.draft.relabel import check_num_aux, check_relabel_paths, read_draft_config
+
+    check_relabel_paths(draft, out)  # first: a refusal costs nothing
+    check_output_dir(out, OutputKind.DRAFT, force=force)
+    cfg = read_draft_config(draft)
+    check_num_aux(cfg, aux, draft)
+
+    from eaglewire.contract.contract import Contract
+    from eaglewire.contract.numbering import validate_boundaries
+    from eaglewire.data.relabel import requested_final
+    from eaglewire.draft.relabel import relabel_draft
+    from eaglewire.target.loading import load_target
+
+    old = Contract.load(draft)
+    validate_boundaries(aux, old.target.num_layers, what="--aux-boundaries")
+    final = requested_final(
+        old.final,
+        old.target.num_layers,
+        boundary=final_boundary,
+        norm="post" if final_norm == "post" else "pre" if final_norm else None,
+    )
+    loaded = load_target(target, dtype=dtype or old.dtype)
+    result = relabel_draft(draft, loaded, aux, out, final=final, force=force, target_arg=target)
+    L = result.new.target.num_layers
+    print_table(
+        f"relabelled draft written to {out} (config.json and model.safetensors copied from {draft})",
+        ["field", "was", "now"],
+        [
+            ["aux boundaries", list(result.old.aux_boundaries), list(result.new.aux_boundaries)],
+            [
+                "final",
+                f"boundary {result.old.final.boundary} {result.old.final.norm}-norm",
+                f"boundary {result.new.final.boundary} {result.new.final.norm}-norm",
+            ],
+            ["dtype", result.old.dtype, result.new.dtype],
+            ["target", result.old.target.name, f"{result.new.target.name} (L={L})"],
+        ],
+        caption="serve it with the ids `eaglewire ids` gives for the new boundaries (`eaglewire export` writes them)",
     )
 
 

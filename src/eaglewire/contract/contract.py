@@ -131,9 +131,10 @@ class Contract:
                 + "\n  ".join(problems)
                 + "\n  the fingerprint's labels were written when the states were captured; one of the two "
                 "lists was edited since, so this contract cannot say which states its tensors are",
-                fix=f"edit {where} so that the two agree: if aux_boundaries (or final) was edited by hand, "
-                "restore it to the fingerprint's labels; to relabel states whose values are other boundaries "
-                "(what `eaglewire doctor --data` reports), change the list and the labels the same way",
+                fix=f"if aux_boundaries (or final) in {where} was edited by hand, restore it to the fingerprint's "
+                "labels; to relabel states whose values are other boundaries (what `eaglewire doctor` reports), "
+                "use `eaglewire data relabel` (shards) or `eaglewire draft relabel` (a draft): they prove the new "
+                "labels by values on the target and rewrite both",
             )
 
     def save(self, directory: Path) -> Path:

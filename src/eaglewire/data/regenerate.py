@@ -14,6 +14,9 @@ Resumable and reproducible:
 - a truncated last line (killed mid-write) is detected and cut before appending;
 - the sampling settings are stored in `<output>.regen.json`; a rerun with other settings is
   refused (it would mix two distributions in one file).
+
+`data/regenerate_http.py` regenerates through an OpenAI-compatible server instead, with the same
+replay (`Replay`), resume checks (`open_resume`), rows and order.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ def scan_output(output: Path) -> dict[str, int]:
 
 
 def _check_sidecar(output: Path, settings: dict[str, Any], resuming: bool) -> None:
+    """Refuse to resume `output` under other settings (reads only; `write_sidecar` records them)."""
     path = sidecar_path(output)
     if resuming and path.exists():
         old = read_json_file(path)
@@ -115,7 +119,80 @@ def _check_sidecar(output: Path, settings: dict[str, Any], resuming: bool) -> No
                 + "\n  ".join(diffs),
                 fix="rerun with the original settings, or write to a new --out",
             )
-    atomic_write_json(path, settings)
+
+
+def write_sidecar(output: Path, settings: dict[str, Any]) -> None:
+    atomic_write_json(sidecar_path(output), settings)
+
+
+def open_resume(conversations: list[Conversation], output: Path, settings: dict[str, Any]) -> dict[str, int]:
+    """The resume state of `output` for `conversations` (ids already written -> line) after the
+    checks every regeneration makes: unique input ids, no foreign record in `output`, the settings
+    of the run that wrote it. Adds `input_ids_sha256` to `settings`. Writes nothing but the cut of a
+    truncated last line: the caller records `settings` (`write_sidecar`) before it appends a row."""
+    ids = [c.record_id for c in conversations]
+    if len(set(ids)) != len(ids):
+        raise DataFormatError("input conversations have duplicate ids; resume is keyed by id")
+    done = scan_output(output)
+    unknown = sorted(set(done) - set(ids))
+    if unknown:
+        raise DataFormatError(
+            f"{output}: holds {len(unknown)} records whose ids are not in the input (e.g. {unknown[0]!r})",
+            fix="pass the same input as the run that wrote it, or write to a new --out",
+        )
+    settings["input_ids_sha256"] = sha256_text("\n".join(ids))
+    _check_sidecar(output, settings, resuming=bool(done))
+    return done
+
+
+class Replay:
+    """One conversation replayed turn by turn. Local batches and server requests both use it, so
+    both send the same prompts: system messages stay in place, the original answers are dropped, and
+    the target answers user turn t seeing its own answers to turns 0..t-1. A turn whose prompt is
+    longer than `max_prompt_tokens` ends the conversation before it (counted in `stats`)."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+        self.history: list[Message] = []
+        self.finish: list[str] = []
+        self.pending: list[Message] = list(conversation.messages)  # messages not yet replayed
+        self.stopped = False
+
+    def next_turn(
+        self, tokenizer: Any, template: str, max_prompt_tokens: int | None, stats: RegenerateStats
+    ) -> tuple[list[dict[str, str]], list[int]] | None:
+        """The next prompt: (chat messages, their ids with the generation prompt), or None when done."""
+        if self.stopped:
+            return None
+        rest = self.pending
+        # move system messages and the next user message into the history; drop old answers
+        while rest and rest[0].role != "user":
+            m = rest.pop(0)
+            if m.role == "system":
+                self.history.append(m)
+        if not rest:
+            return None
+        self.history.append(rest.pop(0))
+        chat = [{"role": m.role, "content": m.content} for m in self.history]
+        ids = prompt_ids(tokenizer, chat, template)
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            self.history.pop()
+            self.stopped = True
+            stats.conversations_cut_at_context += 1
+            return None
+        return chat, ids
+
+    def answer(self, text: str, finish: str) -> None:
+        self.history.append(Message("assistant", text))
+        self.finish.append(finish)
+
+    def row(self) -> dict[str, Any]:
+        """The output row `{"id", "messages", "finish"}`."""
+        return {
+            "id": self.conversation.record_id,
+            "messages": [{"role": m.role, "content": m.content} for m in self.history],
+            "finish": self.finish,
+        }
 
 
 def _answer_batch(
@@ -130,55 +207,27 @@ def _answer_batch(
 ) -> list[dict[str, Any]]:
     """Replay every conversation of one batch turn by turn; returns output rows in batch order."""
     tok = target.tokenizer
-    histories: list[list[Message]] = [[] for _ in convs]
-    finishes: list[list[str]] = [[] for _ in convs]
-    pending: list[list[Message]] = [list(c.messages) for c in convs]  # messages not yet replayed
-    stopped = [False] * len(convs)
+    replays = [Replay(c) for c in convs]
     turn = 0
     while True:
         active, prompts = [], []
-        for i, rest in enumerate(pending):
-            if stopped[i]:
-                continue
-            # move system messages and the next user message into the history; drop old answers
-            while rest and rest[0].role != "user":
-                m = rest.pop(0)
-                if m.role == "system":
-                    histories[i].append(m)
-            if not rest:
-                continue
-            histories[i].append(rest.pop(0))
-            chat = [{"role": m.role, "content": m.content} for m in histories[i]]
-            ids = prompt_ids(tok, chat, template)
-            if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-                histories[i].pop()
-                stopped[i] = True
-                stats.conversations_cut_at_context += 1
-                continue
-            active.append(i)
-            prompts.append(ids)
+        for r in replays:
+            nxt = r.next_turn(tok, template, max_prompt_tokens, stats)
+            if nxt is not None:
+                active.append(r)
+                prompts.append(nxt[1])
         if not active:
             break
         results = generate_answers(
             target, prompts, sampling, batch_seed(sampling.seed, batch_index, turn), generate_fn=generate_fn
         )
-        for i, (ids, finish) in zip(active, results, strict=True):
-            histories[i].append(Message("assistant", tok.decode(ids, skip_special_tokens=True)))
-            finishes[i].append(finish)
+        for r, (ids, finish) in zip(active, results, strict=True):
+            r.answer(tok.decode(ids, skip_special_tokens=True), finish)
             stats.generated_tokens += len(ids)
             stats.answers += 1
             stats.answers_cut_at_max_tokens += finish == "length"
         turn += 1
-    rows = []
-    for c, hist, fin in zip(convs, histories, finishes, strict=True):
-        rows.append(
-            {
-                "id": c.record_id,
-                "messages": [{"role": m.role, "content": m.content} for m in hist],
-                "finish": fin,
-            }
-        )
-    return rows
+    return [r.row() for r in replays]
 
 
 def regenerate(
@@ -218,24 +267,14 @@ def regenerate(
     if reserve is not None and max_prompt_tokens is not None:
         # size the runner once for the longest prompt any turn may send (a rebuild recompiles)
         reserve(sampling.batch_size, max_prompt_tokens + sampling.max_new_tokens)
-    ids = [c.record_id for c in conversations]
-    if len(set(ids)) != len(ids):
-        raise DataFormatError("input conversations have duplicate ids; resume is keyed by id")
-    done = scan_output(output)
-    unknown = sorted(set(done) - set(ids))
-    if unknown:
-        raise DataFormatError(
-            f"{output}: holds {len(unknown)} records whose ids are not in the input (e.g. {unknown[0]!r})",
-            fix="pass the same input as the run that wrote it, or write to a new --out",
-        )
     settings = {
         **asdict(sampling),
         "target": str(target.path),
         "chat_template_hash": sha256_text(template),
         "max_prompt_tokens": max_prompt_tokens,
-        "input_ids_sha256": sha256_text("\n".join(ids)),
     }
-    _check_sidecar(output, settings, resuming=bool(done))
+    done = open_resume(conversations, output, settings)
+    write_sidecar(output, settings)
     stats = RegenerateStats(conversations=len(conversations), already_done=len(done), backend=fn.__module__)
     output.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(

@@ -11,8 +11,10 @@ precision, truncation) with the fix.
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -39,6 +41,34 @@ DTYPE_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
 # Where the data.aux fix turns from the data to drafts trained on it (the doctor drops that part when a
 # draft it checks reads other boundaries).
 SERVE_HINT = " (a draft trained"
+# What the fixes call the data and the target when the caller did not say how they were given.
+DATA_PLACEHOLDER = "DATA_DIR"
+RECAPTURE = "recapture the data from this target with `eaglewire data capture`"
+
+
+def relabel_data_command(
+    data: str | Path,
+    target: str,
+    aux: Sequence[int],
+    *,
+    final: StateKey | None = None,
+    declared_final: StateKey | None = None,
+    dtype: str | None = None,
+) -> str:
+    """The `eaglewire data relabel` command that labels the columns of `data` as `aux` (and the final
+    state as `final`, the contract's dtype as `dtype`): flags for the final state only where it differs
+    from `declared_final` (the data's label, which relabel keeps by default)."""
+    fix = (
+        f"eaglewire data relabel --data {shlex.quote(str(data))} --target {shlex.quote(target)} "
+        f"--aux-boundaries {','.join(str(b) for b in aux)}"
+    )
+    if final is not None and declared_final is not None and final.boundary != declared_final.boundary:
+        fix = fix + f" --final-boundary {final.boundary}"
+    if final is not None and declared_final is not None and final.norm != declared_final.norm:
+        fix = fix + f" --final-norm {final.norm}"
+    if dtype is not None:
+        fix = fix + f" --dtype {dtype}"
+    return fix
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,9 @@ class DataWiring:
     aux: tuple[StateKey | None, ...]
     final: StateKey | None
     result: CheckResult
+    # the `eaglewire data relabel` command that labels the data as what its values are (None: some
+    # column matches no state of the target, or the data could not be matched: only a recapture helps)
+    relabel: str | None = None
 
     @property
     def aux_boundaries(self) -> tuple[int, ...] | None:
@@ -117,11 +150,14 @@ def check_data_against_target(
     *,
     max_records: int = 4,
     max_tokens: int = 128,
+    data_path: str | Path | None = None,
+    target_arg: str | None = None,
 ) -> DataWiring:
     """Match every stored column of up to `max_records` records against every boundary of `target`.
 
     records: aux [T, A*Ht], final [T, Ht], input_ids [T]. Returns the actual wiring and a
-    CheckResult whose rows print declared vs actual per column.
+    CheckResult whose rows print declared vs actual per column. `data_path` and `target_arg` (the
+    shard directory and the target as the user gave them) are what the fixes' commands name.
     """
     result = CheckResult(name=CHECK)
     L, ht = target.num_layers, target.hidden_size
@@ -153,7 +189,6 @@ def check_data_against_target(
             )
         )
     _check_lengths(sample, result)
-    _check_storage_dtype(contract, stored_dtype, result)
 
     per_col: dict[str, dict[StateKey, list[float]]] = {}
     for rec in sample:
@@ -198,12 +233,59 @@ def check_data_against_target(
 
     aux_actual = tuple(m.actual(LOOSEST_TOLERANCE) for m in aux_matches)
     final_actual = final_match.actual(LOOSEST_TOLERANCE) if final_match else None
-    _wiring_findings(contract, L, aux_matches, aux_actual, final_match, final_actual, result)
-    _precision_findings(contract, matches, strict, live_dtype, stored_dtype, result)
+    relabel = _relabel_to_values(
+        contract,
+        aux_actual,
+        final_actual,
+        matches,
+        strict,
+        stored_dtype,
+        result,
+        data_path,
+        target_arg,
+        target,
+    )
+    _check_storage_dtype(contract, stored_dtype, relabel, result)
+    _wiring_findings(contract, L, aux_matches, aux_actual, final_match, final_actual, relabel, result)
+    _precision_findings(contract, matches, strict, live_dtype, stored_dtype, relabel, result)
     result.notes.append(
         f"{len(sample)} record(s), live target in {live_dtype}, stored {stored_dtype}, tolerance {strict:.0e}"
     )
-    return DataWiring(aux=aux_actual, final=final_actual, result=result)
+    return DataWiring(aux=aux_actual, final=final_actual, result=result, relabel=relabel)
+
+
+def _relabel_to_values(
+    contract: Contract,
+    aux_actual: tuple[StateKey | None, ...],
+    final_actual: StateKey | None,
+    matches: Sequence[ColumnMatch],
+    strict: float,
+    stored_dtype: str,
+    result: CheckResult,
+    data_path: str | Path | None,
+    target_arg: str | None,
+    target: LoadedTarget,
+) -> str | None:
+    """The one `eaglewire data relabel` command that labels every column as what its values are, the
+    final state included, with the dtype the states were captured in when the label's is finer (None
+    when a column matches nothing, or the states and tokens do not line up: only a recapture helps)."""
+    if not aux_actual or any(k is None or k.norm != "pre" for k in aux_actual) or final_actual is None:
+        return None
+    if any(f.check in ("data.length", "data.aux_width") for f in result.findings):
+        return None
+    dtype = None
+    if DTYPE_BITS.get(stored_dtype, 32) < DTYPE_BITS.get(contract.dtype, 32):
+        dtype = stored_dtype
+    elif any(m.best == m.declared and strict < m.best_distance <= LOOSEST_TOLERANCE for m in matches):
+        dtype = "bfloat16"  # what the field's captures run in; float16 states pass its tolerance too
+    return relabel_data_command(
+        data_path if data_path is not None else DATA_PLACEHOLDER,
+        target_arg if target_arg is not None else str(target.path),
+        [k.boundary for k in aux_actual if k is not None],
+        final=final_actual,
+        declared_final=StateKey(contract.final.boundary, contract.final.norm),
+        dtype=dtype,
+    )
 
 
 def _check_lengths(sample: Sequence[CapturedRecord], result: CheckResult) -> None:
@@ -224,7 +306,7 @@ def _check_lengths(sample: Sequence[CapturedRecord], result: CheckResult) -> Non
             return
 
 
-def _check_storage_dtype(contract: Contract, stored: str, result: CheckResult) -> None:
+def _check_storage_dtype(contract: Contract, stored: str, relabel: str | None, result: CheckResult) -> None:
     if DTYPE_BITS.get(stored, 32) < DTYPE_BITS.get(contract.dtype, 32):
         result.findings.append(
             Finding(
@@ -233,7 +315,8 @@ def _check_storage_dtype(contract: Contract, stored: str, result: CheckResult) -
                 what="states are stored in less precision than the contract's dtype",
                 declared=f"contract dtype {contract.dtype}",
                 actual=f"stored {stored}",
-                fix=f"set the contract's dtype to {stored} or recapture storing {contract.dtype}",
+                fix=(f"relabel the data (the tensors stay as they are): {relabel}, or " if relabel else "")
+                + f"recapture storing {contract.dtype} with `eaglewire data capture --dtype {contract.dtype}`",
             )
         )
 
@@ -245,6 +328,7 @@ def _wiring_findings(
     aux_actual: tuple[StateKey | None, ...],
     final_match: ColumnMatch | None,
     final_actual: StateKey | None,
+    relabel: str | None,
     result: CheckResult,
 ) -> None:
     declared_final = StateKey(contract.final.boundary, contract.final.norm)
@@ -256,18 +340,17 @@ def _wiring_findings(
         why = diagnose_aux(
             contract.aux_boundaries, actual_bounds, declared_final=declared_final, actual_final=final_actual
         )
-        if all(b is not None for b in actual_bounds):
+        if relabel is not None and all(b is not None for b in actual_bounds):
             bounds = [int(b) for b in actual_bounds if b is not None]
-            final_txt = (
-                f", final = boundary {final_actual.boundary} {final_actual.norm}-norm" if final_actual else ""
-            )
             fix = (
-                f"the tensors are right, the labels are wrong: set the data contract to aux_boundaries={fmt_list(bounds)}"
-                f"{final_txt}{SERVE_HINT} on this data learned exactly those: train/serve it with them; "
-                f"{engine_ids_hint(bounds, L)})"
+                f"the tensors are right, the labels are wrong: relabel them (proven by values first; the tensors "
+                f"are not touched): {relabel}{SERVE_HINT} on this data learned exactly those: train/serve it with "
+                f"them; {engine_ids_hint(bounds, L)})"
             )
+        elif all(b is not None for b in actual_bounds):
+            fix = f"{RECAPTURE} (relabelling cannot help: see this check's other findings)"
         else:
-            fix = "recapture the data from this target with `eaglewire data capture` (the states cannot be relabelled)"
+            fix = f"{RECAPTURE} (the states cannot be relabelled: not every column is a state of this target)"
         result.findings.append(
             Finding(
                 check="data.aux",
@@ -285,14 +368,14 @@ def _wiring_findings(
     if final_match is not None and final_actual != declared_final:
         if final_actual is not None and final_actual.boundary == declared_final.boundary:
             what = f"final state is {final_actual.norm}-norm, the label says {declared_final.norm}-norm"
-            fix = f"set the data contract's final.norm to '{final_actual.norm}' (engines feed the pre-norm state), or recapture with `eaglewire data capture --final-norm {declared_final.norm}`"
+            fix = (
+                (f"relabel the data: {relabel}, or " if relabel else "")
+                + f"recapture with `eaglewire data capture --final-norm {declared_final.norm}` "
+                "(engines feed the pre-norm state)"
+            )
         else:
             what = "the column labelled final is another state"
-            fix = (
-                f"set the data contract's final to boundary {final_actual.boundary} {final_actual.norm}-norm"
-                if final_actual
-                else "recapture the data from this target"
-            )
+            fix = f"relabel the data: {relabel}" if relabel and final_actual else RECAPTURE
         result.findings.append(
             Finding(
                 check="data.final",
@@ -312,6 +395,7 @@ def _precision_findings(
     strict: float,
     live_dtype: str,
     stored_dtype: str,
+    relabel: str | None,
     result: CheckResult,
 ) -> None:
     loose = [m for m in matches if m.best == m.declared and strict < m.best_distance <= LOOSEST_TOLERANCE]
@@ -325,8 +409,10 @@ def _precision_findings(
             what="the columns are the declared boundaries, but only to low precision: captured in another dtype",
             declared=f"contract dtype {contract.dtype} (tolerance {strict:.0e})",
             actual=f"distance up to {worst:.1e} (live target {live_dtype}, stored {stored_dtype}): bfloat16/float16-level differences",
-            fix="set the data contract's dtype to the one the target really ran in (bfloat16), or recapture in "
-            f"{contract.dtype}",
+            fix=(
+                f"relabel the data with the dtype the target really ran in: {relabel}, or " if relabel else ""
+            )
+            + f"recapture in {contract.dtype} with `eaglewire data capture --dtype {contract.dtype}`",
             details=tuple(f"{m.name}: distance {m.best_distance:.1e}" for m in loose),
         )
     )

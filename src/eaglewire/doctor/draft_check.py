@@ -110,7 +110,8 @@ def check_fingerprint_values(
                     declared=key_text(m.declared, L),
                     actual=key_text(actual, L),
                     fix="use the target the contract was built on; if it is that target, the contract was built "
-                    "from mislabelled states: rebuild it from the data's actual boundaries (see data vs target)",
+                    "from mislabelled states: `eaglewire draft relabel` (a draft) or `eaglewire data relabel` "
+                    "(shards) at the actual boundaries (see data vs target)",
                     details=(
                         f"distance to declared {m.declared_distance:.1e}, to best {m.best_distance:.1e}, tolerance {m.tolerance:.0e}",
                     ),

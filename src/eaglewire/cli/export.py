@@ -19,11 +19,22 @@ def export_cmd(
     ),
     fmt: str = typer.Option(..., "--format", help="sglang | vllm (speculators layout)"),
     out: Path = typer.Option(..., "--out", help="directory to write the export to"),
-    sglang_generation: str = typer.Option(
+    sglang_version: str = typer.Option(
         None,
-        "--sglang-generation",
-        help="legacy | pr25454: the SGLang release family you serve with; needed only when the two would read the "
-        "layer ids differently",
+        "--sglang-version",
+        help="the SGLang release you serve with, e.g. 0.5.23 (see `eaglewire ids --arch`); default: ids every "
+        "release eaglewire has read reads alike for the target's architecture, else refused",
+    ),
+    vllm_version: str = typer.Option(
+        None,
+        "--vllm-version",
+        help="the vLLM release you serve with, e.g. 0.33.0; default: every release eaglewire has read",
+    ),
+    verifier: str = typer.Option(
+        None,
+        "--verifier",
+        help="--format vllm: the target as speculators_config.verifier names it, a directory (written absolute) or "
+        "a model hub id (default: --target-path or the contract's target, absolute)",
     ),
     best_setting: Path = typer.Option(
         None,
@@ -40,7 +51,10 @@ def export_cmd(
         None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (topk=1: num_steps + 1)"
     ),
     target_path: str = typer.Option(
-        None, "--target-path", help="target path for the launch command (default: the contract's)"
+        None,
+        "--target-path",
+        help="the target for the launch command (and vLLM's verifier), written as an absolute path (default: the "
+        "contract's)",
     ),
     dtype: str = typer.Option(
         None, "--dtype", help="float32 | bfloat16 | float16 (default: the contract's dtype)"
@@ -61,7 +75,9 @@ def export_cmd(
         draft,
         fmt,  # type: ignore[arg-type]  # checked by export_draft
         out,
-        sglang_generation=sglang_generation,
+        sglang_version=sglang_version,
+        vllm_version=vllm_version,
+        verifier=verifier,
         best_setting=best_setting,
         num_steps=num_steps,
         topk=topk,
@@ -76,7 +92,9 @@ def export_cmd(
         ["field", "value"],
         [
             ["aux boundaries", list(result.boundaries)],
-            ["layer ids in config.json", f"{list(result.layer_ids)} ({result.numbering})"],
+            ["layer ids in config.json", f"{list(result.layer_ids)}: {result.numbering}"],
+            *[["read as", r] for r in result.readings],
+            ["target", result.verifier],
             ["speculative", f"num_steps={s.num_steps} topk={s.topk} num_draft_tokens={s.num_draft_tokens}"],
             ["from", result.spec_source],
             ["launch script", result.launch_file],
@@ -93,8 +111,14 @@ def import_cmd(
     numbering: str = typer.Option(
         None,
         "--numbering",
-        help="what the layer ids mean (boundary, vllm, speculators, sglang-legacy, sglang-pr25454, specforge, "
-        "modelopt, eagle); default: from the format, or inferred only when unambiguous",
+        help="the rule the layer ids follow (boundary, vllm, speculators, layer-output, pr25454, specforge, "
+        "modelopt, eagle); default: from the format, or for SGLang from --sglang-version and the target",
+    ),
+    sglang_version: str = typer.Option(
+        None,
+        "--sglang-version",
+        help="--format sglang: the SGLang release the draft was served with (its id rule depends on release and "
+        "target architecture); default: inferred when every release eaglewire has read agrees",
     ),
     dtype: str = typer.Option(
         "float32", "--dtype", help="dtype to run the target in for the contract's fingerprint"
@@ -113,7 +137,15 @@ def import_cmd(
     from eaglewire.target.loading import load_target
 
     loaded = load_target(target, dtype=dtype, trust_remote_code=trust_remote_code)
-    result = import_draft(fmt, src, loaded, out, numbering=numbering, force=force)  # type: ignore[arg-type]  # checked inside
+    result = import_draft(
+        fmt,  # type: ignore[arg-type]  # checked inside
+        src,
+        loaded,
+        out,
+        numbering=numbering,
+        sglang_version=sglang_version,
+        force=force,
+    )
     ids = "engine defaults" if result.layer_ids is None else list(result.layer_ids)
     print_table(
         f"{fmt} draft imported to {result.out}",

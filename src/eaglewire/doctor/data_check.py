@@ -345,7 +345,7 @@ def _wiring_findings(
             fix = (
                 f"the tensors are right, the labels are wrong: relabel them (proven by values first; the tensors "
                 f"are not touched): {relabel}{SERVE_HINT} on this data learned exactly those: train/serve it with "
-                f"them; {engine_ids_hint(bounds, L)})"
+                f"them; {engine_ids_hint(bounds, L, contract.target.architecture)})"
             )
         elif all(b is not None for b in actual_bounds):
             fix = f"{RECAPTURE} (relabelling cannot help: see this check's other findings)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from eaglewire.contract.fingerprint import StateKey
-from eaglewire.contract.numbering import Numbering, describe_boundary, from_boundaries
+from eaglewire.contract.numbering import Engine, describe_boundary, engine_ids
 from eaglewire.doctor.findings import fmt_list
 from eaglewire.errors import BoundaryError
 
@@ -103,17 +103,19 @@ def diagnose_aux(
     return f"aux columns of {actual_name} are other boundaries than {declared_name} says"
 
 
-def engine_ids_hint(boundaries: Sequence[int], num_layers: int) -> str:
-    """'SGLang (before PR #25454) [2, 30, 58]; vLLM/speculators [3, 31, 59]' for these boundaries."""
+def engine_ids_hint(boundaries: Sequence[int], num_layers: int, architecture: str | None = None) -> str:
+    """'eagle_aux_hidden_state_layer_ids for SGLang [2, 30, 58]; vLLM/speculators [3, 31, 59]' for these
+    boundaries on this target architecture (SGLang's ids depend on it and on the release: `eaglewire ids`)."""
+    if architecture is None:
+        return (
+            f"vLLM/speculators eagle_aux_hidden_state_layer_ids {fmt_list(boundaries)}; SGLang's depend on the "
+            f"release and the target: see `eaglewire ids --num-layers {num_layers} --arch ARCH`"
+        )
     parts = []
-    for label, numbering in (
-        ("SGLang before PR #25454", Numbering.SGLANG_LEGACY),
-        ("SGLang with PR #25454", Numbering.SGLANG_PR25454),
-        ("vLLM/speculators", Numbering.VLLM),
-    ):
+    for label, engine in (("SGLang", Engine.SGLANG), ("vLLM/speculators", Engine.VLLM)):
         try:
-            ids = from_boundaries(boundaries, numbering, num_layers)
-            parts.append(f"{label} {fmt_list(ids)}")
+            parts.append(f"{label} {fmt_list(engine_ids(engine, architecture, boundaries, num_layers).ids)}")
         except BoundaryError as e:
-            parts.append(f"{label}: not expressible ({str(e).splitlines()[0]})")
+            first = str(e).splitlines()[0]
+            parts.append(f"{label}: per release ({first}; see `eaglewire ids --arch {architecture}`)")
     return "eagle_aux_hidden_state_layer_ids for " + "; ".join(parts)

@@ -4,12 +4,14 @@
 it. This check reads what the engine does, with the engine's rules (`eaglewire.export.keys` names
 the code each rule comes from):
 
-- layer ids: SGLang `eagle_config.eagle_aux_hidden_state_layer_ids` (both generations' readings,
-  or the one `--sglang-generation` / the export's own export.json names); vLLM the top-level
-  `eagle_aux_hidden_state_layer_ids` as boundaries (newer releases fall back to the nested key,
-  older ones to the target's defaults). The boundaries the engine will capture are compared with
-  what the draft was trained on, and with a live target **by values**: each captured state on
-  the contract's probe against the fingerprint of the aux state the draft was trained on.
+- layer ids: SGLang `eagle_config.eagle_aux_hidden_state_layer_ids`, vLLM the top-level
+  `eagle_aux_hidden_state_layer_ids` (its V1 runner falls back to the nested key, its V2 runner to
+  the target's defaults), each read with the engine table (`eaglewire.contract.numbering.
+  ENGINE_RULES`) for the target's architecture: the release `--sglang-version` / `--vllm-version`
+  or the export's own export.json names, else every release read. The boundaries the engine will
+  capture (in layer order; boundary 0 / L only where that release captures them) are compared with
+  what the draft was trained on, and with a live target **by values**: each captured state on the
+  contract's probe against the fingerprint of the aux state the draft was trained on.
 - every other key the engine reads (`export_config_check`): `draft_vocab_size` against the weights,
   `target_hidden_size` against fc.weight (both engines build fc `target_hidden_size * 3` wide), the
   contract and the target; `hidden_size`, `vocab_size`, the single layer, `tie_word_embeddings`,
@@ -38,13 +40,7 @@ from eaglewire.contract.fingerprint import (
     summarize,
     tolerance_for,
 )
-from eaglewire.contract.numbering import (
-    SGLANG_GENERATIONS,
-    Numbering,
-    all_boundaries,
-    from_boundaries,
-    sglang_ids_unambiguous,
-)
+from eaglewire.contract.numbering import engine_ids, engine_rules
 from eaglewire.doctor.diagnosis import describe_boundaries, diagnose_aux
 from eaglewire.doctor.draft_source import IDS_KEY, SGLANG_NESTED, DraftSource
 from eaglewire.doctor.export_config_check import ENGINE_NAME, check_export_config
@@ -59,9 +55,7 @@ from eaglewire.typed_config import read_json_file
 
 CHECK = {"sglang": "export: sglang", "vllm": "export: vllm"}
 IDS_KEYS = {"sglang": f"{SGLANG_NESTED}.{IDS_KEY}", "vllm": IDS_KEY}
-EXPORT_MANIFEST = "export.json"  # eaglewire.export.exporting writes it (layer_ids, sglang_generation)
-# The stock engines cannot capture the embedding output (SGLang) / can (vLLM): the lowest boundary an id may name.
-LOWEST_BOUNDARY = {"sglang": 1, "vllm": 0}
+EXPORT_MANIFEST = "export.json"  # eaglewire.export.exporting writes it (layer_ids, engine_version)
 
 
 @dataclass(frozen=True)
@@ -81,9 +75,11 @@ def check_export(
     target: LoadedTarget | None,
     trained: Sequence[int] | None,
     trained_from: str,
-    generation: str | None = None,
+    version: str | None = None,
 ) -> ServingLint:
-    """Read `source` (an SGLang or vLLM export) as its engine will; compare with `trained` and the target."""
+    """Read `source` (an SGLang or vLLM export) as its engine will; compare with `trained` and the target.
+
+    version: the engine release the user serves with (--sglang-version / --vllm-version for this engine)."""
     engine = source.kind
     if engine not in CHECK:
         raise ValueError(f"check_export: not an engine export: {source.kind}")
@@ -92,6 +88,9 @@ def check_export(
     contract = source.contract
     num_layers = (
         target.num_layers if target is not None else (contract.target.num_layers if contract else None)
+    )
+    architecture = (
+        target.architecture if target is not None else (contract.target.architecture if contract else None)
     )
     readings: list[ServedReading] = []
     if num_layers is None:
@@ -103,7 +102,8 @@ def check_export(
         known = _trained_by_values(
             contract, target, tuple(trained) if trained is not None else None, trained_from, result
         )
-        readings = _layer_ids(source, engine, cfg_path, num_layers, known, generation, result)
+        assert architecture is not None  # known with the layer count (target or contract)
+        readings = _layer_ids(source, engine, cfg_path, num_layers, architecture, known, version, result)
     check_export_config(source, contract, target, result)
     return ServingLint(result=result, readings=readings)
 
@@ -150,8 +150,8 @@ def _trained_by_values(
     return Trained(trained, f"{trained_from}, confirmed by values on this target", aux, tol, states)
 
 
-def _export_generation(source: DraftSource, ids: Sequence[int] | None) -> str | None:
-    """The SGLang generation the export was written for (export.json), when its ids are still the file's."""
+def _export_version(source: DraftSource, ids: Sequence[int] | None) -> str | None:
+    """The engine release the export was written for (export.json), when its ids are still the file's."""
     path = source.path / EXPORT_MANIFEST
     if ids is None or not path.is_file():
         return None
@@ -161,33 +161,30 @@ def _export_generation(source: DraftSource, ids: Sequence[int] | None) -> str | 
         return None
     if not isinstance(manifest, dict) or manifest.get("layer_ids") != list(ids):
         return None
-    gen = manifest.get("sglang_generation")
-    return gen if isinstance(gen, str) and gen in SGLANG_GENERATIONS else None
+    version = manifest.get("engine_version")
+    return version if isinstance(version, str) else None
 
 
-def _id_range(engine: str, num_layers: int) -> str:
-    """The ids that name capturable boundaries of this target, in the engine's numbering."""
-    numbering = Numbering.VLLM if engine == "vllm" else Numbering.SGLANG_LEGACY
-    lo = from_boundaries([LOWEST_BOUNDARY[engine]], numbering, num_layers)
-    hi = from_boundaries([all_boundaries(num_layers)[-1]], numbering, num_layers)
-    assert lo is not None and hi is not None
-    meaning = "boundaries" if engine == "vllm" else "'output of layer i'"
-    return f"{lo[0]}..{hi[0]} ({meaning} on this {num_layers}-layer target)"
+def _id_range(engine: str, architecture: str, num_layers: int) -> str:
+    """The boundaries every release read of this engine captures on this target (what valid ids may name)."""
+    rows = [r for r in engine_rules(engine, architecture) if r.numbering is not None]
+    if not rows:
+        return f"none ({ENGINE_NAME[engine]} serves no EAGLE-3 draft for {architecture})"
+    lo = 1 if any(r.embedding for r in rows) else 0
+    hi = num_layers - 1 if any(r.last_layer for r in rows) else num_layers
+    return f"ids naming boundaries {lo}..{hi} of this {num_layers}-layer target, in increasing order"
 
 
-def _fix_ids(engine: str, trained: Sequence[int], num_layers: int, generation: str | None) -> tuple[str, str]:
+def _fix_ids(
+    engine: str, architecture: str, trained: Sequence[int], num_layers: int, version: str | None
+) -> tuple[str, str]:
     """(the value to write, the sentence saying so) for `trained` in this engine's numbering."""
     try:
-        if engine == "vllm":
-            ids = from_boundaries(trained, Numbering.VLLM, num_layers)
-        elif generation is not None:
-            ids = from_boundaries(trained, SGLANG_GENERATIONS[generation], num_layers)
-        else:
-            ids = sglang_ids_unambiguous(trained, num_layers)
+        ids = engine_ids(engine, architecture, trained, num_layers, version).ids
     except BoundaryError as e:
         return (
             "",
-            f"no {ENGINE_NAME[engine]} ids express boundaries {fmt_list(trained)}: {str(e).splitlines()[0]}"
+            f"no {ENGINE_NAME[engine]} ids serve boundaries {fmt_list(trained)}: {str(e).splitlines()[0]}"
             + (f" ({e.fix})" if e.fix else ""),
         )
     return fmt_list(ids), ""
@@ -198,8 +195,9 @@ def _layer_ids(
     engine: str,
     cfg_path: Path,
     num_layers: int,
+    architecture: str,
     trained: Trained,
-    generation: str | None,
+    version: str | None,
     result: CheckResult,
 ) -> list[ServedReading]:
     key = IDS_KEYS[engine]
@@ -211,18 +209,19 @@ def _layer_ids(
                 f"{cfg_path}: layer ids only at the top level ({IDS_KEY}); SGLang releases without the top-level "
                 f"fallback capture their defaults instead: write them under {SGLANG_NESTED}"
             )
-        stated = generation
-        if stated is None:
-            stated = _export_generation(source, ids)
-            if stated is not None:
-                result.notes.append(f"SGLang generation {stated!r} from {source.path / EXPORT_MANIFEST}")
-        readings = sglang_readings(ids, num_layers, trained.boundaries, stated)
     else:
         ids = source.top_ids
-        stated = None
-        readings = vllm_readings(source, num_layers, trained.boundaries)
+    stated = version
+    if stated is None:
+        stated = _export_version(source, ids)
+        if stated is not None:
+            result.notes.append(f"{ENGINE_NAME[engine]} {stated} from {source.path / EXPORT_MANIFEST}")
+    if engine == "sglang":
+        readings = sglang_readings(ids, num_layers, trained.boundaries, stated, architecture)
+    else:
+        readings = vllm_readings(source, num_layers, trained.boundaries, architecture, stated)
     fix_value, why_not = (
-        _fix_ids(engine, trained.boundaries, num_layers, stated)
+        _fix_ids(engine, architecture, trained.boundaries, num_layers, stated)
         if trained.boundaries is not None
         else ("", "")
     )
@@ -232,8 +231,8 @@ def _layer_ids(
         else why_not
         or f"set {key} to the ids of the boundaries the draft was trained on (see `eaglewire ids`)"
     )
-    if fix_value and engine == "sglang" and stated is None and len(readings) > 1:
-        fix += " (both SGLang generations read it alike)"
+    if fix_value and stated is None and len(engine_rules(engine, architecture)) > 1:
+        fix += f" (every {ENGINE_NAME[engine]} release read reads it alike)"
     for r in readings:
         shown = "absent (engine defaults)" if r.ids is None else fmt_list(r.ids)
         captured = (
@@ -250,7 +249,9 @@ def _layer_ids(
         details = _by_values(r, trained, num_layers, result)
         if matches and not details[1]:
             continue
-        result.findings.append(_ids_finding(r, engine, key, cfg_path, num_layers, trained, fix, details[0]))
+        result.findings.append(
+            _ids_finding(r, engine, key, cfg_path, num_layers, architecture, trained, fix, details[0])
+        )
     return readings
 
 
@@ -294,6 +295,7 @@ def _ids_finding(
     key: str,
     cfg_path: Path,
     num_layers: int,
+    architecture: str,
     trained: Trained,
     fix: str,
     details: tuple[str, ...],
@@ -308,7 +310,7 @@ def _ids_finding(
         return Finding(
             check=f"export.{engine}.layer_ids",
             severity="error",
-            what=f"{r.label} cannot capture {key} = {shown}: valid ids are {_id_range(engine, num_layers)}, "
+            what=f"{r.label} cannot capture {key} = {shown}: valid are {_id_range(engine, architecture, num_layers)}, "
             "each at most once",
             declared=f"{cfg_path}: {key} = {shown}",
             actual=f"{r.problem}; the draft was {trained_txt}",

@@ -2,11 +2,13 @@
 
 Part of `export_check` (which reads the layer ids): `draft_vocab_size` against lm_head.weight's rows
 and d2t's length; `target_hidden_size` against fc.weight (both engines build fc
-`target_hidden_size * 3` wide, absent = `hidden_size`), the contract and the target; `hidden_size`,
+`target_hidden_size * 3` wide for our exports: vllm 0.33.0 always for a speculators config, sglang from the
+number of ids, 3 here; absent = `hidden_size`), the contract and the target; `hidden_size`,
 `vocab_size`, the single layer, `tie_word_embeddings`, SGLang's fc `bias` and `use_aux_hidden_state`;
 norm flags (vLLM reads `norm_before_residual`, absent = true, and the speculators variant flags;
-SGLang's llama_eagle3 reads none: attention is always added to the un-normed hidden state, as
-eaglewire trains); the speculators block (algorithm, default speculative_tokens, verifier
+SGLang's llama_eagle3 reads no norm_before_residual: attention is always added to the un-normed
+hidden state, as eaglewire trains; from 0.5.12 it reads norm_before_fc, fc_norm/use_aux_norm and
+norm_output, variants eaglewire does not train); the speculators block (algorithm, default speculative_tokens, verifier
 architecture). Sources: `eaglewire.export.keys`.
 """
 
@@ -32,6 +34,13 @@ from eaglewire.target.loading import LoadedTarget
 
 ENGINE_NAME = {"sglang": "SGLang", "vllm": "vLLM"}
 NORM_BEFORE_RESIDUAL = "norm_before_residual"
+# Variant flags sglang's llama_eagle3 reads (0.5.12 on; 0.5.23 lines 169-207) -> where it reads them.
+SGLANG_VARIANT_FLAGS = {
+    "norm_before_fc": (f"{SGLANG_NESTED}.norm_before_fc", "norm_before_fc"),
+    "fc_norm": ("fc_norm",),
+    "use_aux_norm": ("use_aux_norm",),
+    "norm_output": ("norm_output",),
+}
 SIZE_KEYS = ("draft_vocab_size", "target_hidden_size", "hidden_size", "vocab_size", "num_hidden_layers")
 
 
@@ -158,7 +167,7 @@ def _shapes(
             f"set {layer_where}hidden_size to {int(fc.shape[0])} in {cfg_path}",
         )  # fmt: skip
 
-    # target_hidden_size: both engines build fc target_hidden_size * 3 wide (absent: hidden_size)
+    # target_hidden_size: fc is target_hidden_size * 3 wide for our exports (absent: hidden_size; keys.py)
     ths = _int_value(source.config, "target_hidden_size")
     effective = ths if ths is not None else hidden
     shown = str(ths) if ths is not None else f"absent (read as hidden_size = {hidden})"
@@ -303,6 +312,21 @@ def _sglang_flags(source: DraftSource, cfg_path: Path, result: CheckResult) -> N
             f"{cfg_path}: bias = {cfg['bias']!r}",
             "eaglewire's fc has no bias (fc.bias is not in the weights)",
             f"remove 'bias' from {cfg_path}",
+        )  # fmt: skip
+    nested_cfg = nested if isinstance(nested, dict) else {}
+    for name, holders in SGLANG_VARIANT_FLAGS.items():
+        where = next(
+            (h for h in holders if (nested_cfg if h.startswith(SGLANG_NESTED) else cfg).get(name)), None
+        )
+        if where is None:
+            continue
+        value = (nested_cfg if where.startswith(SGLANG_NESTED) else cfg)[name]
+        _finding(
+            result, "sglang", name,
+            f"SGLang (0.5.12 on) builds the draft with {name}, a variant eaglewire does not train",
+            f"{cfg_path}: {where} = {json.dumps(value)}",
+            f"eaglewire drafts have no {name} step (sglang 0.5.23 models/llama_eagle3.py:169-207 reads it)",
+            f"remove {where} from {cfg_path}",
         )  # fmt: skip
     flag = cfg.get(NORM_BEFORE_RESIDUAL)
     result.rows.append(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglewire.contract.numbering import EngineReading
 from eaglewire.doctor.diagnosis import describe_boundaries, diagnose_aux
 from eaglewire.doctor.draft_source import DraftSource, read_draft_source
 from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
@@ -20,14 +21,31 @@ from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
 
 @dataclass(frozen=True)
 class ServedReading:
-    """How one engine (generation) reads the draft's config."""
+    """How one engine release range reads the draft's config."""
 
     engine: str  # "sglang" | "vllm"
-    label: str  # "SGLang before PR #25454", "vLLM", ...
+    label: str  # "SGLang 0.5.10-0.5.21", "vLLM 0.33.0", ...
     ids: tuple[int, ...] | None  # as written in the config (None: absent, the engine's defaults apply)
     boundaries: tuple[int, ...] | None  # what the engine concatenates, in order; None when unreadable
     problem: str | None = None  # why stock engines cannot serve it as is (boundary 0, invalid ids)
     fix: str = ""  # the config value that makes this engine capture the trained boundaries
+
+
+def served_reading(r: EngineReading, fix: str) -> ServedReading:
+    """An engine table reading as the doctor compares it: boundaries only when the engine feeds the draft as many
+    aux states as the ids name (a dropped or crashing capture point leaves fc without its input: unreadable)."""
+    named = len(r.ids) if r.ids is not None else None
+    fed = r.boundaries
+    if fed is not None and named is not None and len(fed) != named:
+        fed = None
+    return ServedReading(
+        engine=r.rule.engine.value,
+        label=r.label,
+        ids=r.ids,
+        boundaries=fed,
+        problem=r.problem,
+        fix=fix,
+    )
 
 
 @dataclass

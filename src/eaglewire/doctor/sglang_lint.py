@@ -11,10 +11,13 @@ newer releases, python/sglang/srt/arg_groups/speculative_hook.py; re-check on a 
 - topk > 1 with `--page-size` > 1 is refused unless the attention backend implements paged trees:
   flashinfer, fa3, triton in current releases (older releases: flashinfer only).
 
-Layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids`; releases before PR
-#25454 read every id as "output of layer id", releases with it do so only when the first id is 1
-(`eaglewire.contract.numbering.read_sglang_both`). No ids: SGLang captures boundaries
-[2, L//2, L-3]. Stock SGLang cannot capture the embedding (boundary 0, the field reports' `-1`).
+Layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids`. What an id means depends on
+the release *and* the target architecture (`eaglewire.contract.numbering.ENGINE_RULES`, read from
+sglang 0.5.10-0.5.23): Llama, Mistral, Qwen2/3 and Qwen3-MoE targets read every id as "output of
+layer id"; DeepSeek-V2/V3 and GLM-4-MoE-Lite targets do so only when the first id is 1 from 0.5.13
+on (PR #25454). No release captures boundary L; boundary 0 (the field reports' `-1`) only some
+releases per architecture. No ids: SGLang captures boundaries [2, L//2, L-3]. Without
+--sglang-version every release read is checked and releases that read the ids apart are a finding.
 """
 
 from __future__ import annotations
@@ -25,12 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from eaglewire.contract.numbering import (
-    SGLANG_GENERATIONS,
-    Numbering,
-    default_boundaries,
-    from_boundaries,
-    read_sglang_both,
-    sglang_ids_unambiguous,
+    Engine,
+    EngineReading,
+    engine_ids,
+    engine_readings,
 )
 from eaglewire.doctor.draft_source import DraftSource
 from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
@@ -41,18 +42,14 @@ from eaglewire.doctor.serving_common import (
     loadable_draft_source,
     reading_row,
     same_directory,
+    served_reading,
 )
 from eaglewire.engine.spec_args import FLAG, sglang_effective_spec_args
 from eaglewire.errors import BoundaryError, ConfigError
 
 CHECK = "serving: sglang"
-GENERATION_LABELS = {"legacy": "SGLang before PR #25454", "pr25454": "SGLang with PR #25454"}
 PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
 PAGE_TREE_BACKENDS_OLD = ("flashinfer",)
-EMBEDDING_PROBLEM = (
-    "boundary 0 (the embedding output) is not captured by stock SGLang (the field reports' '-1' id needed a "
-    "local patch of the model file)"
-)
 # flag -> field; argparse also accepts these abbreviations, seen in real launch commands.
 VALUE_FLAGS = {
     "--speculative-algorithm": "algorithm",
@@ -255,57 +252,44 @@ def _backend_findings(args: SGLangArgs, topk: int, result: CheckResult) -> None:
 
 
 def sglang_readings(
-    ids: Sequence[int] | None, num_layers: int, trained: Sequence[int] | None, generation: str | None
+    ids: Sequence[int] | None,
+    num_layers: int,
+    trained: Sequence[int] | None,
+    version: str | None,
+    architecture: str,
 ) -> list[ServedReading]:
-    """How each SGLang generation (or the stated one) reads `ids` (None: SGLang's defaults)."""
-    gens = [generation] if generation else list(SGLANG_GENERATIONS)
-    for g in gens:
-        if g not in SGLANG_GENERATIONS:
-            raise ConfigError(f"--sglang-generation: expected one of {sorted(SGLANG_GENERATIONS)}, got {g!r}")
-    both = read_sglang_both(ids, num_layers) if ids is not None else None
-    out = []
-    for g in gens:
-        numbering: Numbering = SGLANG_GENERATIONS[g]
-        if both is None:
-            bounds: tuple[int, ...] | None = default_boundaries(num_layers)
-            error = None
+    """How the named SGLang release (or each release range read) reads `ids` (None: SGLang's defaults).
+
+    Consecutive release ranges that read the ids alike are one reading ("SGLang 0.5.13-0.5.23")."""
+    table = engine_readings(Engine.SGLANG, architecture, ids, num_layers, version)
+    if version is not None:
+        (r,) = table
+        fix = _ids_fix(trained, architecture, num_layers, version)
+        return [replace(served_reading(r, fix), label=f"SGLang {version} ({r.rule.versions} read)")]
+    groups: list[list[EngineReading]] = []
+    for r in table:
+        if groups and (groups[-1][-1].boundaries, groups[-1][-1].problem) == (r.boundaries, r.problem):
+            groups[-1].append(r)
         else:
-            bounds = both.legacy if g == "legacy" else both.pr25454
-            error = both.legacy_error if g == "legacy" else both.pr25454_error
-        problem = error.splitlines()[0] if error else (EMBEDDING_PROBLEM if bounds and 0 in bounds else None)
-        out.append(
-            ServedReading(
-                engine="sglang",
-                label=GENERATION_LABELS[g],
-                ids=None if ids is None else tuple(ids),
-                boundaries=bounds,
-                problem=problem,
-                fix=_ids_fix(trained, numbering, num_layers),
-            )
-        )
-    if len(out) == 2 and (out[0].boundaries, out[0].problem) == (out[1].boundaries, out[1].problem):
-        return [replace(out[0], label="SGLang (both generations)", fix=_both_fix(trained, out, num_layers))]
+            groups.append([r])
+    out = []
+    for group in groups:
+        first, last = group[0].rule, group[-1].rule
+        label = f"SGLang {first.first}" + (f"-{last.last}" if last.last != first.first else "")
+        if len(groups) == 1:
+            label += " (every release read)"
+        fix = _ids_fix(trained, architecture, num_layers, None if len(groups) == 1 else str(last.last))
+        out.append(replace(served_reading(group[-1], fix), label=label))
     return out
 
 
-def _both_fix(trained: Sequence[int] | None, readings: Sequence[ServedReading], num_layers: int) -> str:
-    """Ids both generations read as `trained`, else the ids per generation."""
-    if trained is not None:
-        try:
-            ids = sglang_ids_unambiguous(trained, num_layers)
-            return f'set "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {fmt_list(ids)}}} in the draft\'s config.json'
-        except BoundaryError:
-            pass  # no id list both generations read alike: name the generation
-    return "; ".join(f"{r.label}: {r.fix}" for r in readings) + "; pass --sglang-generation to check one"
-
-
-def _ids_fix(trained: Sequence[int] | None, numbering: Numbering, num_layers: int) -> str:
+def _ids_fix(trained: Sequence[int] | None, architecture: str, num_layers: int, version: str | None) -> str:
     if trained is None:
         return "set eagle_config.eagle_aux_hidden_state_layer_ids for the boundaries the draft was trained on (see `eaglewire ids`)"
     try:
-        ids = from_boundaries(trained, numbering, num_layers)
+        ids = engine_ids(Engine.SGLANG, architecture, trained, num_layers, version).ids
     except BoundaryError as e:
-        return f"retrain: {str(e).splitlines()[0]}" + (f" ({e.fix})" if e.fix else "")
+        return f"no SGLang ids serve it: {str(e).splitlines()[0]}" + (f" ({e.fix})" if e.fix else "")
     return f'set "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {fmt_list(ids)}}} in the draft\'s config.json'
 
 
@@ -316,7 +300,7 @@ def lint_sglang(
     num_layers: int | None,
     trained: Sequence[int] | None,
     trained_from: str = "the draft's contract",
-    generation: str | None = None,
+    version: str | None = None,
     architecture: str | None = None,
     ids_checked: Path | None = None,
 ) -> ServingLint:
@@ -340,11 +324,14 @@ def lint_sglang(
     )
     if source is None or num_layers is None:
         return ServingLint(result=result, readings=[])
+    if architecture is None:
+        result.notes.append("target architecture unknown (no --target, no contract): layer ids unchecked")
+        return ServingLint(result=result, readings=[])
     ids = source.nested_ids
     if ids is None and source.top_ids is not None:
         ids = source.top_ids
         result.notes.append("layer ids only at the top level (speculators layout): older SGLang ignores them")
-    readings = sglang_readings(ids, num_layers, trained, generation)
+    readings = sglang_readings(ids, num_layers, trained, version, architecture)
     if same_directory(source.path, ids_checked):
         result.notes.append(f"layer ids of {source.path}: see the export check")
         return ServingLint(result=result, readings=readings)
@@ -352,32 +339,39 @@ def lint_sglang(
         result.rows.append(reading_row(r, num_layers))
     matched = [compare_reading(r, trained, num_layers, result, trained_from=trained_from) for r in readings]
     if (
-        generation is None
-        and len({r.boundaries for r in readings}) > 1
+        version is None
+        and len({(r.boundaries, r.problem) for r in readings}) > 1
         and not any(f.check.endswith("layer_ids") for f in result.findings)
     ):
-        result.findings.append(_ambiguity_finding(readings, trained, num_layers))
-    elif generation is None and any(matched) and not all(matched):
+        result.findings.append(_ambiguity_finding(readings, trained, num_layers, architecture))
+    elif version is None and any(matched) and not all(matched):
         result.notes.append(
-            "the ids are right for one SGLang generation only: pass --sglang-generation to check yours"
+            "the ids are right for some SGLang releases only: pass --sglang-version to check the one you serve with"
         )
     return ServingLint(result=result, readings=readings)
 
 
 def _ambiguity_finding(
-    readings: Sequence[ServedReading], trained: Sequence[int] | None, num_layers: int
+    readings: Sequence[ServedReading], trained: Sequence[int] | None, num_layers: int, architecture: str
 ) -> Finding:
-    fix = "pass --sglang-generation legacy|pr25454 to say which SGLang serves it"
+    fix = "pass --sglang-version to say which SGLang release serves it"
     if trained is not None:
         try:
-            fix = f"set eagle_config.eagle_aux_hidden_state_layer_ids to {fmt_list(sglang_ids_unambiguous(trained, num_layers))} (both generations read it alike)"
+            ids = engine_ids(Engine.SGLANG, architecture, trained, num_layers).ids
+            fix = (
+                f"set eagle_config.eagle_aux_hidden_state_layer_ids to {fmt_list(ids)} (every SGLang release read "
+                "reads it alike)"
+            )
         except BoundaryError:
             fix += "; " + "; ".join(f"{r.label}: {r.fix}" for r in readings)
     return Finding(
         check="serving.sglang.layer_ids",
         severity="error",
-        what="SGLang generations read these ids as different boundaries",
+        what=f"SGLang releases read these ids as different boundaries on this {architecture} target",
         declared=fmt_list(readings[0].ids),
-        actual="; ".join(f"{r.label} -> {fmt_list(r.boundaries)}" for r in readings),
+        actual="; ".join(
+            f"{r.label} -> {fmt_list(r.boundaries) if r.boundaries is not None else r.problem}"
+            for r in readings
+        ),
         fix=fix,
     )

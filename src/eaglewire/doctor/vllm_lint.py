@@ -1,13 +1,14 @@
 """Lint a vLLM speculative config and the draft config the way vLLM reads them.
 
-vLLM (`gpu_model_runner._get_eagle3_aux_layers_from_config`, vllm-project/vllm; re-check on a
-version change) reads the draft's top-level `eagle_aux_hidden_state_layer_ids` as boundaries
-(the residual stream entering layer i). Newer releases fall back to
-`eagle_config.eagle_aux_hidden_state_layer_ids` and read those as boundaries too (SGLang writes
-that key in *its* numbering, so an SGLang export served by vLLM is one boundary off); older
-releases ignore it and use the target's default [2, L//2, L-3]. vLLM's EAGLE proposer drafts
-greedily (argmax) whatever the request temperature, so at temperature > 0 acceptance falls below
-what the draft's accuracy predicts (still lossless: verification samples properly).
+vLLM 0.33.0 reads the draft's top-level `eagle_aux_hidden_state_layer_ids` as boundaries and
+captures them in layer order (`eaglewire.contract.numbering.ENGINE_RULES`: boundary 0 and L on
+Llama, Mistral, Qwen2/3 and Qwen3-MoE targets; not boundary 0 on DeepSeek; no EAGLE-3 on GLM-4-MoE-
+Lite). Without the top-level key its V1 runner falls back to `eagle_config.eagle_aux_hidden_state_
+layer_ids`, read as boundaries too (v1/worker/gpu_model_runner.py:5207-5219: an SGLang export served by
+vLLM is one boundary off), while the V2 model runner ignores that key and uses the target's default
+[2, L//2, L-3] (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:116-150). vLLM's EAGLE proposer
+drafts greedily (argmax) whatever the request temperature, so at temperature > 0 acceptance falls
+below what the draft's accuracy predicts (still lossless: verification samples properly).
 
 Input file: JSON, either `{"speculative_config": {...}, "temperature": 0.7}` or the speculative
 config itself (`{"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}`).
@@ -16,10 +17,11 @@ config itself (`{"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eaglewire.contract.numbering import Numbering, default_boundaries, to_boundaries
+from eaglewire.contract.numbering import Engine, Numbering, engine_readings, to_boundaries
 from eaglewire.doctor.draft_source import DraftSource
 from eaglewire.doctor.findings import CheckResult, Finding, Row, fmt_list
 from eaglewire.doctor.serving_common import (
@@ -29,6 +31,7 @@ from eaglewire.doctor.serving_common import (
     loadable_draft_source,
     reading_row,
     same_directory,
+    served_reading,
 )
 from eaglewire.errors import BoundaryError, ConfigError
 from eaglewire.typed_config import read_json_file
@@ -60,29 +63,40 @@ def _temperature(data: dict[str, Any]) -> float | None:
     return None
 
 
-def vllm_readings(source: DraftSource, num_layers: int, trained: Sequence[int] | None) -> list[ServedReading]:
+def vllm_readings(
+    source: DraftSource,
+    num_layers: int,
+    trained: Sequence[int] | None,
+    architecture: str | None = None,
+    version: str | None = None,
+) -> list[ServedReading]:
     fix = (
         f'set "eagle_aux_hidden_state_layer_ids": {fmt_list(trained)} at the top level of the draft\'s config.json'
         if trained is not None
         else "set the top-level eagle_aux_hidden_state_layer_ids to the boundaries the draft was trained on"
     )
 
-    def reading(label: str, ids: tuple[int, ...] | None) -> ServedReading:
-        if ids is None:
-            return ServedReading("vllm", label, None, default_boundaries(num_layers), fix=fix)
-        try:
-            return ServedReading("vllm", label, ids, to_boundaries(ids, Numbering.VLLM, num_layers), fix=fix)
-        except BoundaryError as e:
-            return ServedReading("vllm", label, ids, None, problem=str(e).splitlines()[0], fix=fix)
+    def reading(label: str, ids: tuple[int, ...] | None) -> list[ServedReading]:
+        if architecture is None:  # no table row to apply: the id rule alone
+            try:
+                bounds = to_boundaries(ids, Numbering.VLLM, num_layers)
+                return [ServedReading("vllm", label, ids, bounds, fix=fix)]
+            except BoundaryError as e:
+                return [ServedReading("vllm", label, ids, None, problem=str(e).splitlines()[0], fix=fix)]
+        out = []
+        for r in engine_readings(Engine.VLLM, architecture, ids, num_layers, version):
+            served = served_reading(r, fix)
+            out.append(replace(served, label=label.replace("vLLM", r.label, 1)))
+        return out
 
     if source.top_ids is not None:
-        return [reading("vLLM", source.top_ids)]
+        return reading("vLLM", source.top_ids)
     if source.nested_ids is not None:
         return [
-            reading("vLLM (reads eagle_config ids as boundaries)", source.nested_ids),
-            reading("vLLM releases that ignore eagle_config (target defaults)", None),
+            *reading("vLLM (V1 runner: reads eagle_config ids as boundaries)", source.nested_ids),
+            *reading("vLLM (V2 model runner: ignores eagle_config, target defaults)", None),
         ]
-    return [reading("vLLM (no ids: target defaults)", None)]
+    return reading("vLLM (no ids: target defaults)", None)
 
 
 def lint_vllm(
@@ -93,6 +107,8 @@ def lint_vllm(
     trained: Sequence[int] | None,
     trained_from: str = "the draft's contract",
     ids_checked: Path | None = None,
+    architecture: str | None = None,
+    version: str | None = None,
 ) -> ServingLint:
     """Lint a vLLM config dict (see module docstring) against the boundaries the draft was trained on.
 
@@ -155,7 +171,7 @@ def lint_vllm(
     )
     if source is None or num_layers is None:
         return ServingLint(result=result, readings=[])
-    readings = vllm_readings(source, num_layers, trained)
+    readings = vllm_readings(source, num_layers, trained, architecture, version)
     if same_directory(source.path, ids_checked):
         result.notes.append(f"layer ids of {source.path}: see the export check")
         return ServingLint(result=result, readings=readings)

@@ -68,7 +68,7 @@ class ForeignDraft:
     fmt: EngineFormat
     layer: dict[str, Any]  # DraftConfig fields except num_aux/format/extra
     layer_ids: tuple[int, ...] | None  # as written in the file; None = the engine's defaults
-    format_numbering: Numbering | None  # what the format says the ids mean (None: SGLang, two readings)
+    format_numbering: Numbering | None  # what the format says the ids mean (None: SGLang, per release+target)
     notes: tuple[str, ...] = ()
 
 
@@ -108,8 +108,9 @@ def read_llama_layer(d: dict[str, Any], where: str, notes: list[str]) -> dict[st
         )
     layers = _int(d, "num_hidden_layers", where, 1)
     if layers != 1:
-        # Not one model across engines either: read 2026-12-03, SGLang's llama_eagle3 (commit 03d5a77) starts a
-        # second layer's residual from the first layer's MLP output alone, vLLM's (00bd149) from the whole stream.
+        # Not one model across engines either: both add a later layer's whole residual stream, but sglang 0.5.23
+        # normalises it with hidden_norm (models/llama_eagle3.py:103-105), vllm 0.33.0 with input_layernorm
+        # (model_executor/models/llama_eagle3.py:136-138): different weights for the same input.
         raise ConfigError(
             f"{where}: {expected_actual('num_hidden_layers', 1, layers)} (multi-layer drafts are not supported: "
             "SGLang and vLLM compute a second draft layer's input differently)"

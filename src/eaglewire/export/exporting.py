@@ -5,6 +5,14 @@ contract.json (copied), export.json (what was decided and why), launch_<engine>.
 eaglewire.json (kind export-<engine>, each file's size and sha256), all at once: the directory is
 built beside --out and renamed into place, replacing only an earlier export of the same engine,
 with --force (eaglewire.outputs).
+
+The layer ids come from the engine table (`eaglewire.contract.numbering.engine_ids`): for the
+release named with --sglang-version / --vllm-version, or ids every release read reads alike for
+the target's architecture. Boundaries the engine cannot capture (SGLang: boundary L; some
+releases and architectures: boundary 0; both: out of layer order) are refused with the rule
+cited and the alternatives. The target is named by an absolute path or a hub id (`launch.
+resolve_target_reference`), so the export loads from any working directory. Formats checked
+against sglang 0.5.10-0.5.23 (id rules), vllm 0.33.0 and speculators 0.9.0.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from eaglewire.export.launch import (
     LAUNCH_FILES,
     render,
     resolve_spec_args,
+    resolve_target_reference,
     sglang_command,
     vllm_command,
     vllm_speculative_tokens,
@@ -53,6 +62,8 @@ ENGINE_NOTES: dict[str, list[str]] = {
     "vllm": [
         "vLLM uses embed_tokens from this file; without one it shares the target's",
         "norm_before_residual is written as false on purpose: vLLM reads an absent key as true",
+        "vLLM reads speculators_config.verifier only when this directory is served alone, and then takes only a "
+        "hub id (vllm 0.33.0 transformers_utils/config.py:859-874): launch_vllm.sh names the target itself",
     ],
 }
 CONFIG_FILE = "config.json"
@@ -69,8 +80,10 @@ class ExportResult:
     out: Path
     format: ExportFormat
     layer_ids: tuple[int, ...]  # as written in config.json
-    numbering: str  # what the ids mean
+    numbering: str  # what the ids mean, and which engine releases read them so
     boundaries: tuple[int, ...]
+    readings: tuple[str, ...]  # each engine release range's reading of the ids
+    verifier: str  # the target as the export names it (absolute path or hub id)
     spec: SpecArgs
     spec_source: str
     launch_command: str
@@ -82,7 +95,8 @@ def _check_servable(contract: Contract, draft_dir: Path) -> None:
     if contract.num_aux != ENGINE_NUM_AUX:
         raise ConfigError(
             f"{draft_dir}: the draft reads {contract.num_aux} aux states (aux_boundaries={list(contract.aux_boundaries)}) "
-            f"but SGLang and vLLM build fc for exactly {ENGINE_NUM_AUX} (target_hidden_size * {ENGINE_NUM_AUX})",
+            f"but exports are served with fc built for exactly {ENGINE_NUM_AUX} (target_hidden_size * {ENGINE_NUM_AUX}: "
+            "vllm 0.33.0 for any speculators config, sglang 0.5.10-0.5.11 for any draft)",
             fix=f"train a draft with {ENGINE_NUM_AUX} aux boundaries, e.g. the defaults (eaglewire draft init without "
             "--aux-boundaries)",
         )
@@ -93,7 +107,9 @@ def export_draft(
     fmt: ExportFormat,
     out: Path,
     *,
-    sglang_generation: str | None = None,
+    sglang_version: str | None = None,
+    vllm_version: str | None = None,
+    verifier: str | None = None,
     best_setting: Path | None = None,
     num_steps: int | None = None,
     topk: int | None = None,
@@ -111,10 +127,16 @@ def export_draft(
     draft_dir, out = Path(draft_dir), Path(out)
     if fmt not in LAUNCH_FILES:
         raise ConfigError(f"--format: expected one of {sorted(LAUNCH_FILES)}, got {fmt!r}")
-    if sglang_generation is not None and fmt != "sglang":
-        raise ConfigError(
-            f"--sglang-generation={sglang_generation} given with --format {fmt}: it only applies to sglang"
-        )
+    for flag, value, applies in (
+        ("--sglang-version", sglang_version, "sglang"),
+        ("--vllm-version", vllm_version, "vllm"),
+        ("--verifier", verifier, "vllm"),
+    ):
+        if value is not None and fmt != applies:
+            raise ConfigError(
+                f"{flag} {value} given with --format {fmt}: it only applies to --format {applies}",
+                fix=f"drop {flag}, or export with --format {applies}",
+            )
     if out.resolve() == draft_dir.resolve():
         raise ConfigError(
             f"--out {out} is the draft directory itself", fix="pick a new directory for the export"
@@ -132,35 +154,36 @@ def export_draft(
         topk=topk,
         num_draft_tokens=num_draft_tokens,
     )
-    target = target_path or contract.target.name
-    if not target:
-        target = "TARGET_MODEL_PATH"
-        log.warning("contract.json has no target path: the launch command uses the placeholder %s", target)
+    target = resolve_target_reference(
+        target_path=target_path, recorded=contract.target.name, verifier=verifier, fmt=fmt
+    )
     state = model.state_dict()
     mapped = not is_identity(state["draft_to_target"], cfg.vocab_size)
     if fmt == "sglang":
-        ids, numbering = sglang_layer_ids(contract, sglang_generation)
+        written = sglang_layer_ids(contract, sglang_version)
+        ids = written.ids
         config: dict[str, Any] = sglang_config(cfg, ids, dtype=dtype_name)
         # SGLang reads d2t/t2d whenever present; an identity map is harmless, so always write it.
         tensors = engine_tensors(
             state, "sglang", dtype=torch_dtype(dtype_name), with_vocab_map=True, vocab_size=cfg.vocab_size
         )
-        argv = sglang_command(target, out.resolve(), spec, dtype=dtype_name)
+        argv = sglang_command(target.launch, out.resolve(), spec, dtype=dtype_name)
     else:
-        ids, numbering = vllm_layer_ids(contract), "boundary (vLLM / speculators)"
+        written = vllm_layer_ids(contract, vllm_version)
+        ids = written.ids
         config = speculators_config(
             cfg,
             ids,
             dtype=dtype_name,
             speculative_tokens=vllm_speculative_tokens(spec),
-            verifier_name_or_path=target,
+            verifier_name_or_path=target.verifier,
             verifier_architecture=contract.target.architecture,
         )
         # speculators carries d2t/t2d only when Vd != V; vLLM then defaults to the identity.
         tensors = engine_tensors(
             state, "vllm", dtype=torch_dtype(dtype_name), with_vocab_map=mapped, vocab_size=cfg.vocab_size
         )
-        argv = vllm_command(target, out.resolve(), spec, dtype=dtype_name)
+        argv = vllm_command(target.launch, out.resolve(), spec, dtype=dtype_name)
 
     # the draft's weights were checked when loaded; a cast to a narrower --dtype can still overflow to inf
     check_finite(
@@ -169,11 +192,14 @@ def export_draft(
         fix="export in a wider dtype: --dtype bfloat16 (float16's range ends at 65504) or --dtype float32",
     )
     L = contract.target.num_layers
+    numbering = written.numbering
+    readings = tuple(r.text() for r in written.readings)
     comments = [
-        f"eaglewire export --format {fmt} of {draft_dir}",
-        f"target: {contract.target.architecture}, L={L}; aux boundaries {list(contract.aux_boundaries)} written as "
-        f"ids {list(ids)} ({numbering})",
+        f"eaglewire export --format {fmt} of {draft_dir.resolve()}",
+        f"target: {contract.target.architecture}, L={L}, at {target.launch}",
+        f"aux boundaries {list(contract.aux_boundaries)} written as ids {list(ids)}: {numbering}",
         *(f"  boundary {b}: {describe_boundary(b, L)}" for b in contract.aux_boundaries),
+        *(f"  {r}" for r in readings),
         f"speculative arguments from: {spec_source}",
     ]
     manifest = {
@@ -181,7 +207,9 @@ def export_draft(
         "source_draft": str(draft_dir.resolve()),
         "layer_ids": list(ids),
         "numbering": numbering,
-        "sglang_generation": sglang_generation,
+        "engine_version": None if written.version is None else str(written.version),
+        "read_as": list(readings),
+        "target": {"path": target.launch, "verifier": target.verifier, "from": target.source},
         "aux_boundaries": list(contract.aux_boundaries),
         "speculative": {
             "num_steps": spec.num_steps,
@@ -213,6 +241,8 @@ def export_draft(
         layer_ids=tuple(ids),
         numbering=numbering,
         boundaries=contract.aux_boundaries,
+        readings=readings,
+        verifier=target.verifier,
         spec=spec,
         spec_source=spec_source,
         launch_command=render(argv),

@@ -1,9 +1,11 @@
 """`eaglewire import`: an SGLang, vLLM/speculators or EAGLE-official draft -> an eaglewire draft with a contract.
 
 The ids' numbering comes from the format (vLLM/speculators: boundaries; EAGLE: hard-coded
-defaults), is stated by the user (`numbering=`), is read from our own export.json, or is
-inferred only when both SGLang generations read the ids alike. The new contract is built on
-the live target (identity hashes + fingerprint). Only safetensors are read.
+defaults), is stated by the user (`numbering=`), or for SGLang from the engine table for the
+target's architecture: the release named with `sglang_version`, the one our own export.json
+records, or, with none, every release read when they all read the ids alike (else refused with
+each release's reading). The new contract is built on the live target (identity hashes +
+fingerprint). Only safetensors are read.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import torch
 
 from eaglewire.contract.contract import CONTRACT_FILE, Contract, require_same_wiring
 from eaglewire.contract.numbering import (
-    SGLANG_ANY,
-    SGLANG_GENERATION_HELP,
+    ENGINE_RULES,
+    Engine,
+    EngineRule,
     Numbering,
+    engine_rules,
     parse_numbering,
-    read_sglang_both,
     to_boundaries,
 )
 from eaglewire.draft.config import DraftConfig
@@ -66,28 +69,47 @@ class ImportResult:
     layer_ids: tuple[int, ...] | None  # as written in the source (None: the engine's defaults)
     boundaries: tuple[int, ...]
     numbering: str
-    numbering_from: str  # "format" | "stated" | "export.json" | "inferred (...)"
+    numbering_from: str  # "format" | "stated" | "--sglang-version" | "export.json" | "inferred (...)"
     contract: Contract
     notes: tuple[str, ...]
 
 
-def _manifest_generation(src: Path, ids: tuple[int, ...]) -> Numbering | None:
+def _manifest_version(src: Path, ids: tuple[int, ...]) -> str | None:
+    """The SGLang release our own export.json says its ids were written for (when they are still its ids)."""
     path = src / EXPORT_MANIFEST
     if not path.exists():
         return None
     manifest = read_json_file(path)
-    gen = manifest.get("sglang_generation") if isinstance(manifest, dict) else None
-    if gen is None or manifest.get("layer_ids") != list(ids):
+    if not isinstance(manifest, dict) or manifest.get("layer_ids") != list(ids):
         return None
-    return parse_numbering(f"sglang-{gen}")
+    version = manifest.get("engine_version")
+    return version if isinstance(version, str) else None
+
+
+def _read_by(rule: EngineRule, ids: tuple[int, ...], L: int) -> tuple[int, ...] | str:
+    assert rule.numbering is not None
+    try:
+        return to_boundaries(ids, rule.numbering, L)
+    except BoundaryError as e:
+        return str(e).splitlines()[0]
 
 
 def resolve_boundaries(
-    foreign: ForeignDraft, num_layers: int, *, stated: str | None, src: Path
+    foreign: ForeignDraft,
+    num_layers: int,
+    *,
+    stated: str | None,
+    src: Path,
+    architecture: str | None = None,
+    sglang_version: str | None = None,
 ) -> tuple[tuple[int, ...], str, str]:
-    """(boundaries, numbering name, where the numbering came from)."""
+    """(boundaries, numbering name, where the numbering came from).
+
+    SGLang ids without a stated rule are read with the engine table: the release named (or recorded
+    in our export.json) for `architecture`, else every release read, which must agree. Without an
+    architecture every SGLang row of every architecture must agree."""
     ids, L = foreign.layer_ids, num_layers
-    if stated is not None and stated != SGLANG_ANY:
+    if stated is not None:
         numbering = parse_numbering(stated)
         if foreign.fmt == "eagle" and numbering is not Numbering.EAGLE:
             raise ConfigError(
@@ -103,20 +125,42 @@ def resolve_boundaries(
         return to_boundaries(ids, numbering, L), numbering.value, "stated"
     if foreign.format_numbering is not None:
         return to_boundaries(ids, foreign.format_numbering, L), foreign.format_numbering.value, "format"
-    if ids is None:  # SGLang without ids captures its defaults in either generation
-        return to_boundaries(None, Numbering.SGLANG_LEGACY, L), "sglang (no ids: engine defaults)", "format"
-    from_manifest = _manifest_generation(src, ids)
-    if from_manifest is not None:
-        return to_boundaries(ids, from_manifest, L), from_manifest.value, EXPORT_MANIFEST
-    reading = read_sglang_both(ids, L)
-    if not reading.ambiguous and reading.legacy is not None:
-        return reading.legacy, "sglang (both generations agree)", "inferred (unambiguous)"
-    legacy = list(reading.legacy) if reading.legacy is not None else reading.legacy_error
-    pr = list(reading.pr25454) if reading.pr25454 is not None else reading.pr25454_error
+    if ids is None:  # SGLang without ids captures its defaults [2, L//2, L-3] in every release read
+        return to_boundaries(None, Numbering.LAYER_OUTPUT, L), "sglang (no ids: engine defaults)", "format"
+    version, how = sglang_version, "--sglang-version"
+    if version is None:
+        version, how = _manifest_version(src, ids), EXPORT_MANIFEST
+    if architecture is None and (src / CONTRACT_FILE).exists():
+        architecture = Contract.load(src).target.architecture  # the export's own target (identity only)
+    if architecture is None:
+        if version is not None:
+            raise BoundaryError(
+                f"SGLang ids {list(ids)} with SGLang {version}: the target's architecture is needed to know the "
+                "release's id rule"
+            )
+        rules = [r for r in ENGINE_RULES if r.engine is Engine.SGLANG and r.numbering is not None]
+        architecture = "any"
+    else:
+        rules = [r for r in engine_rules(Engine.SGLANG, architecture, version) if r.numbering is not None]
+    readings = {f"{r.label} ({', '.join(sorted(r.families))})": _read_by(r, ids, L) for r in rules}
+    if version is not None:
+        rule = rules[0]
+        got = _read_by(rule, ids, L)
+        if isinstance(got, str):
+            raise BoundaryError(f"SGLang ids {list(ids)} ({rule.label}, {architecture}): {got}")
+        return got, f"{rule.numbering} ({rule.label})", how
+    distinct = set(readings.values())
+    if len(distinct) == 1 and not isinstance(got := next(iter(distinct)), str):
+        return got, f"sglang (every release read for {architecture} agrees)", "inferred (unambiguous)"
+    shown = "; ".join(
+        f"{label} reads {list(value) if isinstance(value, tuple) else value}"
+        for label, value in readings.items()
+    )
     raise BoundaryError(
-        f"SGLang ids {list(ids)}: releases before PR #25454 read boundaries {legacy}, releases with it read {pr} "
-        f"({SGLANG_GENERATION_HELP})",
-        fix="state the numbering the draft was trained for: --numbering sglang-legacy or --numbering sglang-pr25454",
+        f"SGLang ids {list(ids)} on a {architecture} target (L={L}): the releases eaglewire has read disagree: "
+        f"{shown}",
+        fix="name the release the draft was served with (--sglang-version), or the rule its ids follow "
+        "(--numbering layer-output or --numbering pr25454)",
     )
 
 
@@ -221,6 +265,7 @@ def import_draft(
     out: Path,
     *,
     numbering: str | None = None,
+    sglang_version: str | None = None,
     force: bool = False,
 ) -> ImportResult:
     """Read an engine-format draft from `src`, check it against `target`, save an eaglewire draft to `out`.
@@ -232,6 +277,11 @@ def import_draft(
         raise ConfigError(f"--format: expected one of {list(FORMATS)}, got {fmt!r}")
     if out.exists() and out.resolve() == src.resolve():
         raise ConfigError(f"--out {out} is the source directory", fix="pick a new directory")
+    if sglang_version is not None and fmt != "sglang":
+        raise ConfigError(
+            f"--sglang-version {sglang_version} given with --format {fmt}: it only applies to --format sglang",
+            fix="drop --sglang-version",
+        )
     check_output_dir(out, OutputKind.DRAFT, force=force)  # before reading anything
     cfg_path = src / CONFIG_FILE
     config = read_json_file(cfg_path)
@@ -241,7 +291,12 @@ def import_draft(
     _check_against_target(foreign.layer, target, str(cfg_path))
     tensors = read_weights(src)  # every safetensors header checked: a cut file names its tensor
     boundaries, numbering_name, how = resolve_boundaries(
-        foreign, target.num_layers, stated=numbering, src=src
+        foreign,
+        target.num_layers,
+        stated=numbering,
+        src=src,
+        architecture=target.architecture,
+        sglang_version=sglang_version,
     )
     provenance = {
         "imported_from": str(src.resolve()),

@@ -1,38 +1,49 @@
 """The exact tensor names and config keys each engine's EAGLE-3 loader reads (foreign names live here).
 
-Written down from the engines' code (read, not copied). Re-check when a version changes:
+Read from the engines' released packages (read, not copied; `scripts/test_external.sh` runs their code
+on our exports where it imports on a CPU machine). Re-check when a version changes:
 
-- SGLang: sgl-project/sglang `python/sglang/srt/models/llama_eagle3.py` @ 03d5a7771f60
-  (`LlamaForCausalLMEagle3.__init__` / `load_weights` / `set_embed_and_head`): tensors `fc.weight`,
-  `midlayer.*` (q/k/v/o_proj, gate/up/down_proj, input_layernorm, hidden_norm,
-  post_attention_layernorm), `norm.weight`, `lm_head.weight`, `embed_tokens.weight`, a `model.`
-  prefix optional; `d2t` (hot_token_id = d2t + arange) and `t2d` (skipped). Names it does not know
-  are dropped silently. `fc` is `target_hidden_size * 3` wide (a literal 3). Config:
+- SGLang, checked against sglang 0.5.12 and 0.5.23 (PyPI wheels): `srt/models/llama_eagle3.py`
+  (`LlamaForCausalLMEagle3.__init__` / `load_weights`, 0.5.23 lines 272-378): tensors `fc.weight`,
+  `midlayer.*` (renamed to `layers.0.*`: q/k/v_proj stacked into qkv_proj, gate/up_proj into
+  gate_up_proj, o_proj, down_proj, input_layernorm, hidden_norm, post_attention_layernorm),
+  `norm.weight`, `lm_head.weight`, `embed_tokens.weight`, a `model.` prefix optional; `d2t`
+  (hot_token_id = d2t + arange) and `t2d` (skipped). Names it does not know are dropped silently.
+  `fc` is `target_hidden_size * num_aux` wide, num_aux = `num_aux_hidden_states`, else the number of
+  `eagle_config.eagle_aux_hidden_state_layer_ids`, else 3 (lines 151-167; 0.5.10-0.5.11 built it 3 wide
+  whatever the ids). Config:
   `draft_vocab_size` (None = load lm_head from the target), `tie_word_embeddings`,
-  `target_hidden_size`; the draft's embedding is replaced by the target's whenever
-  `target_hidden_size == hidden_size`. `eagle_config.eagle_aux_hidden_state_layer_ids` and
-  `eagle_config.use_aux_hidden_state` are read in `model_executor/model_runner.py` and
-  `speculative/eagle_worker.py`; the target turns ids into capture points in
-  `models/llama.py::set_eagle3_layers_to_capture` (`val + 1`, changed by PR #25454, see
-  `eaglewire.contract.numbering`).
-- vLLM: vllm-project/vllm `vllm/model_executor/models/llama_eagle3.py` @ 00bd1493b3e8
-  (`Eagle3LlamaForCausalLM.load_weights`, `LlamaModel.load_weights`): tensors `fc.weight`,
-  `layers.0.*` (`midlayer.*` renamed to it), `norm.weight`, `lm_head.weight`, `embed_tokens.weight`
-  (optional: shared from the target when absent), `d2t` (-> draft_id_to_target_id, offsets) and
-  `t2d` (skipped); names must not carry a `model.` prefix (the loader adds it). `fc` is
-  `target_hidden_size * 3` wide. `norm_before_residual` is read from the config.
-  Speculators configs are translated in `vllm/transformers_utils/configs/speculators/base.py`
-  @ 052316aeab2a (`speculators_model_type`, `transformer_layer_config`,
-  `speculators_config.proposal_methods[0].speculative_tokens`, `speculators_config.verifier.name_or_path`)
-  and `.../speculators/algos.py` (`update_eagle3`: `draft_vocab_size`, `target_hidden_size`,
-  `norm_before_residual` defaulting to True when absent, top-level
-  `eagle_aux_hidden_state_layer_ids`); target capture in `vllm/model_executor/models/llama.py`
-  (`if idx in aux_hidden_state_layers` before layer idx runs: id = boundary).
-- speculators: vllm-project/speculators `src/speculators/models/eagle3/config.py` and `core.py`
-  @ c05b95b303f7 (= PyPI speculators 0.9.0): `Eagle3SpeculatorConfig` (pydantic) and
-  `Eagle3DraftModel` tensors `embed_tokens.weight`, `fc.weight`, `layers.0.*`, `norm.weight`,
-  `lm_head.weight`, `d2t`/`t2d` only when draft_vocab_size != vocab_size;
-  `transformer_layer_config.model_type` picks the layer class (Qwen3 when absent).
+  `target_hidden_size`, `bias` (fc), `norm_before_fc` / `fc_norm` / `norm_output` (variants eaglewire
+  does not train; absent = off); the draft's embedding is replaced by the target's whenever
+  `target_hidden_size == hidden_size`. A second draft layer adds the whole residual stream through
+  `hidden_norm` (lines 103-105). `eagle_config.eagle_aux_hidden_state_layer_ids` and
+  `use_aux_hidden_state` are read in `model_executor/model_runner_components/spec_aux_hidden_state.py`
+  (0.5.23 lines 183-196); the target turns ids into capture points in its model file's
+  `set_eagle3_layers_to_capture`, per release and architecture: `eaglewire.contract.numbering.ENGINE_RULES`.
+- vLLM, checked against vllm 0.33.0: `model_executor/models/llama_eagle3.py`
+  (`Eagle3LlamaForCausalLM.load_weights`, lines 418-470): tensors `fc.weight`, `layers.0.*`
+  (`midlayer.*` renamed to it), `norm.weight`, `lm_head.weight`, `embed_tokens.weight` (optional:
+  shared from the target when absent), `d2t` (-> draft_id_to_target_id, offsets) and `t2d` (skipped);
+  names must not carry a `model.` prefix (the loader adds it). `fc` is `target_hidden_size * num_aux`
+  wide with num_aux read like SGLang's (lines 209-221) - but from `eagle_config`, which a speculators
+  config does not have, so a speculators export gets 3. A second layer adds the residual through
+  `input_layernorm` (lines 136-138). Speculators configs are translated in
+  `transformers_utils/configs/speculators/base.py` (`speculators_model_type`,
+  `transformer_layer_config`, `speculators_config.proposal_methods[0].speculative_tokens`,
+  `speculators_config.verifier.name_or_path`) and `.../speculators/algos.py` (`update_eagle3`:
+  `draft_vocab_size`, `target_hidden_size`, `norm_before_residual` defaulting to True when absent,
+  `norm_before_fc` / `fc_norm` / `norm_output`, top-level `eagle_aux_hidden_state_layer_ids`); the
+  verifier is read only when the export directory is served alone, and must then be a hub id
+  (`transformers_utils/config.py:859-874`). Target capture: `ENGINE_RULES`.
+- speculators, checked against speculators 0.9.0: `models/eagle3/config.py` and `core.py`:
+  `Eagle3SpeculatorConfig` (pydantic) and `Eagle3DraftModel` tensors `embed_tokens.weight`,
+  `fc.weight`, `layers.0.*`, `norm.weight`, `lm_head.weight`, `d2t`/`t2d` only when
+  draft_vocab_size != vocab_size; `transformer_layer_config.model_type` picks the layer class (Qwen3
+  when absent). Its `fc` is num_aux * the *draft's* hidden size (core.py:70-78) and
+  `load_verifier_weights` refuses a verifier whose hidden size differs (core.py:174-193): it loads our
+  exports only when the draft's hidden size is the target's. `from_pretrained` reads the verifier's
+  config from `speculators_config.verifier.name_or_path` and checks the ids are distinct and in
+  0..L (core.py:165-172, models/utils.py:99-133).
 - EAGLE official: SafeAILab/EAGLE `eagle/model/cnets.py` @ cb7e0841fe0c (`Model`): a plain
   `LlamaForCausalLM` config with `num_hidden_layers: 1`, `draft_vocab_size`, optional
   `target_hidden_size`; tensors `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight`,
@@ -47,8 +58,8 @@ from typing import Literal
 EngineFormat = Literal["sglang", "vllm", "eagle"]
 FORMATS: tuple[EngineFormat, ...] = ("sglang", "vllm", "eagle")
 
-# Both engines build fc as `target_hidden_size * 3` (a literal in their code), so a draft with
-# another number of aux states cannot be served by them.
+# sglang (0.5.12 on) sizes fc by the number of ids it is given; vllm 0.33.0 reads that number from
+# `eagle_config`, which a speculators export does not carry, and builds fc for 3: exports keep 3.
 ENGINE_NUM_AUX = 3
 
 # --- tensors -------------------------------------------------------------------------------

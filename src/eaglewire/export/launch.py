@@ -5,12 +5,20 @@ combinations SGLang would silently rewrite, e.g. topk=1 with num_draft_tokens !=
 Where they come from, in order: explicit flags; `--best-setting FILE`; `best_setting.json` in
 the draft directory (written by the benchmark); the default chain of DEFAULT_NUM_STEPS tokens.
 vLLM drafts a chain: `num_speculative_tokens = num_steps`.
+
+The target is named by an absolute path (or a model hub id given with --verifier), so an export
+works from any working directory: speculators 0.9.0 loads the verifier named in
+`speculators_config.verifier.name_or_path` (`Eagle3DraftModel.from_pretrained`,
+models/eagle3/core.py:165-172). The launch scripts name the target themselves (`vllm serve TARGET
+--speculative-config ...`); vLLM 0.33.0 reads the verifier only when the export directory is
+served alone, and then takes only a hub id (vllm/transformers_utils/config.py:859-874).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +91,79 @@ def resolve_spec_args(
     return SpecArgs.chain(
         DEFAULT_NUM_STEPS
     ), f"default chain ({DEFAULT_NUM_STEPS} steps; no recorded best setting)"
+
+
+# A model hub id: "name" or "org/name" (what huggingface_hub's validate_repo_id accepts, roughly).
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+TARGET_PLACEHOLDER = "TARGET_MODEL_PATH"
+
+
+@dataclass(frozen=True)
+class TargetReference:
+    """How an export names its target: in the launch command and (vLLM) as the speculators verifier."""
+
+    launch: str  # the serving command's target: an absolute path, a hub id, or the placeholder
+    verifier: str  # speculators_config.verifier.name_or_path: an absolute path or a hub id
+    source: str  # where it came from, for export.json
+    portable: bool  # resolves the same from any working directory
+
+
+def _is_hub_id(text: str) -> bool:
+    return bool(HUB_ID.match(text)) and ".." not in text
+
+
+def resolve_target_reference(
+    *, target_path: str | None, recorded: str, verifier: str | None, fmt: str
+) -> TargetReference:
+    """The target as the export will name it, made absolute so the export works from any directory.
+
+    `target_path` (--target-path) wins over `recorded` (contract.json's target name, a path as typed
+    when the draft was made, relative to *that* working directory). `verifier` (--verifier, vLLM
+    only) names the speculators verifier: a local directory (made absolute) or a model hub id. A
+    relative path that does not exist from here cannot be made absolute: a vLLM export is refused
+    (speculators would look for it on the model hub), an SGLang launch script keeps it as given."""
+    given = target_path or recorded
+    source = "--target-path" if target_path else "contract.json target name"
+    launch: str
+    portable = True
+    if not given:
+        launch, portable = TARGET_PLACEHOLDER, False
+        log.warning("contract.json has no target path: the launch command uses the placeholder %s", launch)
+    elif Path(given).exists():
+        launch = str(Path(given).resolve())
+    elif Path(given).is_absolute():
+        launch = given
+        log.warning("target %s (%s) does not exist on this machine: written as given", given, source)
+    else:
+        launch, portable = given, False
+    if verifier is not None:
+        if Path(verifier).exists():
+            resolved = str(Path(verifier).resolve())
+        elif _is_hub_id(verifier):
+            resolved = verifier
+        else:
+            raise ConfigError(
+                f"--verifier {verifier}: neither a directory here nor a model hub id ('name' or 'org/name')",
+                fix="pass the target's directory or its hub id with --verifier",
+            )
+        if not target_path:
+            launch, portable = resolved, True
+        return TargetReference(launch, resolved, "--verifier", portable)
+    if not portable and fmt == "vllm":
+        where = f"{given!r} ({source})" if given else "nothing (contract.json has no target name)"
+        raise ConfigError(
+            f"the vLLM export's speculators_config.verifier.name_or_path would be {where}, which is not a directory "
+            f"from {Path.cwd()}: speculators and vLLM would look for it on the model hub, and a relative path breaks "
+            "as soon as the export is loaded from another directory",
+            fix="pass the target's directory with --target-path (written as an absolute path), or its model hub id "
+            "with --verifier",
+        )
+    if not portable and given:
+        log.warning(
+            "target %r (%s) is not a directory from %s: the SGLang launch command keeps it as given", given, source,
+            Path.cwd(),
+        )  # fmt: skip
+    return TargetReference(launch, launch, source, portable)
 
 
 def vllm_speculative_tokens(spec: SpecArgs) -> int:

@@ -1,9 +1,13 @@
 """SGLang's EAGLE-3 draft format (`LlamaForCausalLMEagle3`): config.json both ways and the layer ids.
 
-Layer ids go nested under `eagle_config.eagle_aux_hidden_state_layer_ids` in SGLang's numbering.
-SGLang changed how it reads them (PR #25454): ids that the two generations read differently are
-refused unless the user names the generation they serve with. The default boundaries
-[2, L//2, L-3] give ids starting at 1, which both generations read alike.
+Layer ids go nested under `eagle_config.eagle_aux_hidden_state_layer_ids`. What SGLang makes of
+them depends on the release *and* the target architecture (`eaglewire.contract.numbering.
+ENGINE_RULES`, read from sglang 0.5.10-0.5.23): Llama, Mistral and Qwen targets add 1 to every id;
+DeepSeek-V2/V3 and GLM-4-MoE-Lite targets do so only when the first id is 1 from 0.5.13 on (PR
+#25454). No release captures boundary L, and older ones crash on boundary 0 for some
+architectures. Ids are written for the release the user names (--sglang-version), or else ids
+every release read reads alike; anything else is refused with each release's reading. Checked
+against sglang 0.5.23 and 0.5.12 (scripts/test_external.sh runs their id rule on our ids).
 """
 
 from __future__ import annotations
@@ -11,14 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from eaglewire.contract.contract import Contract
-from eaglewire.contract.numbering import (
-    SGLANG_GENERATIONS,
-    Numbering,
-    from_boundaries,
-    sglang_ids_unambiguous,
-)
+from eaglewire.contract.numbering import Engine, EngineIds, engine_ids
 from eaglewire.draft.config import DraftConfig
-from eaglewire.errors import BoundaryError, ConfigError
+from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.export.engine_config import (
     ForeignDraft,
     llama_layer_dict,
@@ -33,30 +32,19 @@ from eaglewire.export.keys import (
     USE_AUX_KEY,
 )
 
-
-def parse_generation(generation: str | None) -> Numbering | None:
-    if generation is None:
-        return None
-    try:
-        return SGLANG_GENERATIONS[generation]
-    except KeyError:
-        raise ConfigError(
-            f"--sglang-generation: expected one of {sorted(SGLANG_GENERATIONS)}, got {generation!r}"
-        ) from None
+# Variants sglang's llama_eagle3 builds when these are true (0.5.12 on): eaglewire drafts implement none.
+UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output")
 
 
-def sglang_layer_ids(contract: Contract, generation: str | None) -> tuple[tuple[int, ...], str]:
-    """(ids to write, the numbering they are in) for the contract's aux boundaries."""
-    L = contract.target.num_layers
-    numbering = parse_generation(generation)
-    if numbering is None:
-        return sglang_ids_unambiguous(
-            contract.aux_boundaries, L
-        ), "sglang (both generations read these alike)"
-    ids = from_boundaries(contract.aux_boundaries, numbering, L)
-    if ids is None:  # pragma: no cover - only EAGLE returns None
-        raise BoundaryError(f"no SGLang ids for {list(contract.aux_boundaries)}")
-    return ids, numbering.value
+def sglang_layer_ids(contract: Contract, version: str | None) -> EngineIds:
+    """The ids to write for the contract's aux boundaries, and how each SGLang release reads them."""
+    return engine_ids(
+        Engine.SGLANG,
+        contract.target.architecture,
+        contract.aux_boundaries,
+        contract.target.num_layers,
+        version,
+    )
 
 
 def sglang_config(cfg: DraftConfig, layer_ids: tuple[int, ...], *, dtype: str) -> dict[str, Any]:
@@ -99,6 +87,13 @@ def read_sglang(config: dict[str, Any], where: str) -> ForeignDraft:
             f"{where}: {SGLANG_NESTED}.{USE_AUX_KEY} = {nested.get(USE_AUX_KEY)!r}: the draft does not read target aux "
             "states (not an EAGLE-3 draft eaglewire can run)"
         )
+    for flag in UNSUPPORTED_FLAGS:
+        value = nested.get(flag) or config.get(flag)
+        if value:
+            raise ConfigError(
+                f"{where}: {expected_actual(flag, 'false or absent', value)}: sglang (0.5.12 on) builds that variant "
+                "(models/llama_eagle3.py:169-207 in 0.5.23); eaglewire drafts have no such step"
+            )
     ids = read_ids(nested.get(IDS_KEY), f"{where}: {SGLANG_NESTED}.{IDS_KEY}")
     layer["draft_vocab_size"] = int(config.get("draft_vocab_size") or layer["vocab_size"])
     layer["target_hidden_size"] = int(config.get("target_hidden_size") or layer["hidden_size"])

@@ -1,9 +1,14 @@
 """vLLM's EAGLE-3 draft format: the speculators layout (`Eagle3Speculator`), config.json both ways.
 
-Ids go top-level in `eagle_aux_hidden_state_layer_ids` in boundary numbering (vLLM captures the
-residual stream before layer id runs). `transformer_layer_config` is one Llama layer whose
-`vocab_size` is the target's; `speculators_config` names the verifier (the target) and the
-number of speculative tokens vLLM defaults to.
+Ids go top-level in `eagle_aux_hidden_state_layer_ids` in boundary numbering: vLLM 0.33.0 captures
+before layer start_layer and after each layer idx as idx + 1, so boundary 0 and boundary L are
+both reachable on Llama, Mistral, Qwen2/3 and Qwen3-MoE targets (DeepSeek: not boundary 0; GLM-4-
+MoE-Lite: no EAGLE-3), and it sorts the ids (`eaglewire.contract.numbering.ENGINE_RULES`).
+`transformer_layer_config` is one Llama layer whose `vocab_size` is the target's;
+`speculators_config` names the verifier (the target, by an absolute path or a hub id) and the
+number of speculative tokens vLLM defaults to. Checked against vllm 0.33.0 (its
+SpeculatorsConfig parsing and capture loops run on our exports in scripts/test_external.sh) and
+speculators 0.9.0 (loads the export, logits compared).
 """
 
 from __future__ import annotations
@@ -11,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from eaglewire.contract.contract import Contract
-from eaglewire.contract.numbering import Numbering, from_boundaries
+from eaglewire.contract.numbering import Engine, EngineIds, Numbering, engine_ids
 from eaglewire.draft.config import DraftConfig
-from eaglewire.errors import BoundaryError, ConfigError, expected_actual
+from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.export.engine_config import (
     ForeignDraft,
     llama_layer_dict,
@@ -32,11 +37,15 @@ from eaglewire.export.keys import (
 UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
-def vllm_layer_ids(contract: Contract) -> tuple[int, ...]:
-    ids = from_boundaries(contract.aux_boundaries, Numbering.VLLM, contract.target.num_layers)
-    if ids is None:  # pragma: no cover - only EAGLE returns None
-        raise BoundaryError(f"no vLLM ids for {list(contract.aux_boundaries)}")
-    return ids
+def vllm_layer_ids(contract: Contract, version: str | None = None) -> EngineIds:
+    """The ids to write for the contract's aux boundaries, and how each vLLM release reads them."""
+    return engine_ids(
+        Engine.VLLM,
+        contract.target.architecture,
+        contract.aux_boundaries,
+        contract.target.num_layers,
+        version,
+    )
 
 
 def speculators_config(

@@ -63,6 +63,6 @@ def inspect_target(target: LoadedTarget) -> TargetReport:
     contract = build_contract(target)
     return TargetReport(
         contract=contract,
-        engine_ids=engine_ids_table(contract.aux_boundaries, target.num_layers),
+        engine_ids=engine_ids_table(contract.aux_boundaries, target.num_layers, target.architecture),
         norms=boundary_norms(target, contract),
     )

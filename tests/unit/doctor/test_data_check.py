@@ -36,7 +36,8 @@ def test_shifted_layers_are_caught_with_the_relabel_fix():
     f = only(w.result.findings, "data.aux")
     assert "1 boundary deeper than in its label" in f.what
     assert f.declared == "aux_boundaries [2, 6, 9]" and f.actual == "values are [3, 7, 10]"
-    assert "aux_boundaries=[3, 7, 10]" in f.fix and "SGLang before PR #25454 [2, 6, 9]" in f.fix
+    assert "eaglewire data relabel --data DATA_DIR" in f.fix and "--aux-boundaries 3,7,10" in f.fix
+    assert "SGLang [2, 6, 9]" in f.fix  # a Llama target: every SGLang release adds 1
     assert w.aux_boundaries == shifted
 
 
@@ -45,7 +46,7 @@ def test_swapped_order():
     w = check_data_against_target(make_records(t, (6, 2, 9)), labelled(t, DEFAULT), t)
     f = only(w.result.findings, "data.aux")
     assert "different order (swapped columns)" in f.what
-    assert "aux_boundaries=[6, 2, 9]" in f.fix
+    assert "--aux-boundaries 6,2,9" in f.fix
 
 
 def test_extra_embedding_column():
@@ -70,7 +71,7 @@ def test_post_norm_final_labelled_pre_norm():
     w = check_data_against_target(recs, labelled(t, DEFAULT), t)
     f = only(w.result.findings, "data.final")
     assert "final state is post-norm, the label says pre-norm" in f.what
-    assert "final.norm to 'post'" in f.fix
+    assert "--aux-boundaries 2,6,9 --final-norm post" in f.fix and "data capture --final-norm pre" in f.fix
     assert not any(f.check == "data.aux" for f in w.result.findings)
 
 
@@ -148,7 +149,7 @@ def test_field_report_61_layers_labelled_embedding_layer3_layer31():
     aux = only(w.result.findings, "data.aux")
     assert "one column off: the data has no embedding column" in aux.what and "field reports" in aux.what
     assert aux.actual == "values are [3, 31, 59]"
-    assert "aux_boundaries=[3, 31, 59]" in aux.fix and "SGLang before PR #25454 [2, 30, 58]" in aux.fix
+    assert "--aux-boundaries 3,31,59" in aux.fix and "SGLang [2, 30, 58]" in aux.fix
     final = only(w.result.findings, "data.final")
     assert final.actual.startswith("boundary 61")
     rows = {r.item: r for r in w.result.rows}
@@ -179,9 +180,7 @@ def test_every_architecture_no_false_alarm_and_shift_caught():
         assert bad.aux_boundaries == (3, 5, 6), arch
 
 
-@pytest.mark.parametrize(
-    "numbering", ["specforge", "modelopt", "sglang-legacy", "sglang-pr25454", "vllm", "eagle"]
-)
+@pytest.mark.parametrize("numbering", ["specforge", "modelopt", "layer-output", "pr25454", "vllm", "eagle"])
 def test_every_numbering_in_the_design_table_read_as_boundaries(numbering):
     """A tool's ids [2, 6, 9] (L=12) captured with its own meaning, labelled as if they were boundaries:
     caught exactly when the tool's meaning differs from boundaries."""
@@ -193,8 +192,8 @@ def test_every_numbering_in_the_design_table_read_as_boundaries(numbering):
     captured = to_boundaries(ids, n, L)
     w = check_data_against_target(make_records(t, captured, n=2, length=24), labelled(t, DEFAULT), t)
     assert w.aux_boundaries == captured
-    if captured == DEFAULT:  # vLLM, speculators, PR #25454 (first id != 1) and EAGLE's defaults
+    if captured == DEFAULT:  # vLLM, speculators, the PR #25454 rule (first id != 1) and EAGLE's defaults
         assert w.result.findings == []
-    else:  # SpecForge, ModelOpt, SGLang before PR #25454: output of layer i = boundary i + 1
+    else:  # SpecForge, ModelOpt, the layer-output rule: output of layer i = boundary i + 1
         (f,) = w.result.findings
-        assert "1 boundary deeper" in f.what and f"aux_boundaries={list(captured)}" in f.fix
+        assert "1 boundary deeper" in f.what and f"--aux-boundaries {','.join(map(str, captured))}" in f.fix

@@ -33,7 +33,7 @@ def drafts(tmp_path_factory) -> dict[str, Path]:
     d2t = torch.randperm(t.vocab_size, generator=torch.Generator().manual_seed(0))[:VD].sort().values
     save_draft(init_draft(t, contract, draft_to_target=d2t), contract, root / "ew")
     export_draft(root / "ew", "sglang", root / "sglang")
-    export_draft(root / "ew", "vllm", root / "vllm")
+    export_draft(root / "ew", "vllm", root / "vllm", target_path="/models/tiny")  # an absolute verifier path
     return {"ew": root / "ew", "sglang": root / "sglang", "vllm": root / "vllm"}
 
 

@@ -18,11 +18,12 @@ from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
 from eaglewire.export.exporting import export_draft
 from eaglewire.target.identity import build_contract
+from tests.helpers.tiny import make_tiny_target
 from tests.unit.doctor.pipeline import tiny
 
 L = 12
 DEFAULT = (2, 6, 9)
-SHIFTED = (3, 7, 10)  # SGLang ids [2, 6, 9]: the two generations read them differently
+SHIFTED = (3, 7, 10)  # on DeepSeek, SGLang 0.5.10-0.5.12 ids [2, 6, 9], 0.5.13+ ids [3, 7, 10]
 VD = 100
 CHAIN = "--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
 
@@ -35,10 +36,11 @@ def exports(tmp_path_factory) -> dict[str, Path]:
     d2t = torch.randperm(t.vocab_size, generator=torch.Generator().manual_seed(0))[:VD].sort().values
     save_draft(init_draft(t, contract, draft_to_target=d2t), contract, root / "ew")
     export_draft(root / "ew", "sglang", root / "sglang")
-    export_draft(root / "ew", "vllm", root / "vllm")
-    shifted = build_contract(t, SHIFTED)
-    save_draft(init_draft(t, shifted), shifted, root / "ew_shifted")
-    export_draft(root / "ew_shifted", "sglang", root / "sglang_legacy", sglang_generation="legacy")
+    export_draft(root / "ew", "vllm", root / "vllm", target_path="/models/tiny")
+    deepseek = make_tiny_target("deepseek_v3", num_layers=L)
+    shifted = build_contract(deepseek, SHIFTED)
+    save_draft(init_draft(deepseek, shifted), shifted, root / "ew_shifted")
+    export_draft(root / "ew_shifted", "sglang", root / "sglang_0512", sglang_version="0.5.12")
     return {p.name: p for p in root.iterdir()}
 
 
@@ -60,13 +62,13 @@ def edited(src: Path, dst: Path, **changes) -> Path:
     return dst
 
 
-def check(path: Path, *, target=True, trained=DEFAULT, generation=None):
+def check(path: Path, *, target=True, trained=DEFAULT, version=None):
     return check_export(
         read_draft_source(path),
         target=tiny(L) if target else None,
         trained=trained,
         trained_from="the draft's contract",
-        generation=generation,
+        version=version,
     ).result
 
 
@@ -101,24 +103,29 @@ def test_edited_vllm_ids_are_named_with_what_the_engine_captures_and_the_fix(exp
 def test_ids_past_the_last_layer_name_the_valid_range(exports, tmp_path):
     d = edited(exports["vllm"], tmp_path / "v", eagle_aux_hidden_state_layer_ids=[100, 200, 300])
     f = by_check(check(d))["export.vllm.layer_ids"]
-    assert "valid ids are 0..12 (boundaries on this 12-layer target)" in f.what
-    assert "[100, 200, 300]" in f.declared and "out of range 0..12" in f.actual
+    assert "valid are ids naming boundaries 0..12 of this 12-layer target, in increasing order" in f.what
+    assert "[100, 200, 300]" in f.declared and "name no boundary of a 12-layer target (0..12)" in f.actual
     assert "[2, 6, 9]" in f.fix
     s = edited(exports["sglang"], tmp_path / "s", eagle_config__eagle_aux_hidden_state_layer_ids=[1, 5, 12])
     f = by_check(check(s, target=False))["export.sglang.layer_ids"]
-    assert "valid ids are 0..11 ('output of layer i' on this 12-layer target)" in f.what
+    # SGLang never captures boundary L; releases before 0.5.22 crash on boundary 0 for Llama targets
+    assert "valid are ids naming boundaries 1..11 of this 12-layer target" in f.what
 
 
-def test_sglang_generation_from_export_json_else_both_readings(exports, tmp_path):
-    assert check(exports["sglang_legacy"], trained=SHIFTED).findings == []  # export.json names legacy
+def test_sglang_release_from_export_json_else_each_release(exports, tmp_path):
+    """A DeepSeek-V3 target: the release the export was written for (export.json) decides, else each release
+    range is read and the ones that differ are findings."""
+    d0 = exports["sglang_0512"]
+    assert check(d0, target=False, trained=SHIFTED).findings == []  # export.json names 0.5.12
     d = tmp_path / "no_manifest"
-    shutil.copytree(exports["sglang_legacy"], d)
+    shutil.copytree(d0, d)
     (d / "export.json").unlink()
-    result = check(d, trained=SHIFTED)
-    (f,) = result.findings  # legacy reads [2, 6, 9] as [3, 7, 10]; PR #25454 as [2, 6, 9]
-    assert "SGLang with PR #25454 will feed the draft other states" in f.what
-    assert "--sglang-generation" in f.fix
-    assert check(d, trained=SHIFTED, generation="legacy").findings == []
+    result = check(d, target=False, trained=SHIFTED)
+    (f,) = result.findings  # 0.5.10-0.5.12 read [2, 6, 9] as [3, 7, 10]; 0.5.13+ as [2, 6, 9]
+    assert "SGLang 0.5.13-0.5.23 will feed the draft other states" in f.what
+    assert "--sglang-version 0.5.12" in f.fix
+    assert check(d, target=False, trained=SHIFTED, version="0.5.12").findings == []
+    assert check(d, target=False, trained=SHIFTED, version="0.5.23").findings != []
 
 
 def test_sizes_that_disagree_with_the_weights_or_the_target(exports, tmp_path):
@@ -167,6 +174,13 @@ def test_norm_flags_read_the_engine_way(exports, tmp_path):
     result = check(s)
     assert result.findings == []  # SGLang reads no such flag: served as trained
     assert any("ignored by SGLang" in n for n in result.notes)
+
+
+def test_sglang_variant_flags_are_findings(exports, tmp_path):
+    s = edited(exports["sglang"], tmp_path / "s", fc_norm=True, eagle_config__norm_before_fc=True)
+    found = by_check(check(s))
+    assert found["export.sglang.fc_norm"].fix == f"remove fc_norm from {s / 'config.json'}"
+    assert "eagle_config.norm_before_fc = true" in found["export.sglang.norm_before_fc"].declared
 
 
 def test_speculators_block(exports, tmp_path):

@@ -1,4 +1,5 @@
-"""SGLang lint: server arguments read with SGLang's rewrite rules, layer ids with both generations' rules."""
+"""SGLang lint: server arguments read with SGLang's rewrite rules, layer ids with the engine table's rows for
+the target's architecture (the field reports' target is DeepSeek-V3-shaped: Kimi-K2.5, 61 layers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from tests.unit.doctor.pipeline import tiny, write_sglang_config
 
 L61 = 61
 TRAINED_61 = (3, 31, 59)  # what the field reports' draft was really trained on
+DEEPSEEK = (
+    "DeepseekV3ForCausalLM"  # SGLang 0.5.10-0.5.12 add 1 to every id, 0.5.13+ only when the first id is 1
+)
 GOOD = "--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
 
 
@@ -115,62 +119,97 @@ def _with_draft(tmp_path, ids):
     return f"{GOOD} --speculative-draft-model-path {d}"
 
 
-def test_field_report_ids_legacy_reading_is_right(tmp_path):
+def test_field_report_ids_read_right_by_sglang_before_0_5_13(tmp_path):
     lint = lint_sglang(
         _with_draft(tmp_path, [2, 30, 58]),
         draft=None,
         num_layers=L61,
         trained=TRAINED_61,
-        generation="legacy",
+        version="0.5.12",
+        architecture=DEEPSEEK,
     )
     assert lint.result.findings == []
     assert lint.readings[0].boundaries == TRAINED_61
+    assert lint.readings[0].label == "SGLang 0.5.12 (0.5.10-0.5.12 read)"
 
 
-def test_same_config_served_by_sglang_with_pr25454_reads_2_30_58(tmp_path):
+def test_same_config_served_by_sglang_0_5_23_reads_2_30_58(tmp_path):
     lint = lint_sglang(
         _with_draft(tmp_path, [2, 30, 58]),
         draft=None,
         num_layers=L61,
         trained=TRAINED_61,
-        generation="pr25454",
+        version="0.5.23",
+        architecture=DEEPSEEK,
     )
     (f,) = lint.result.findings
     assert f.check == "serving.sglang.layer_ids"
-    assert "SGLang with PR #25454 feeds the draft other states" in f.what and "1 boundary shallower" in f.what
+    assert "SGLang 0.5.23 (0.5.14-0.5.23 read) feeds the draft other states" in f.what
+    assert "1 boundary shallower" in f.what
     assert "boundaries 2 (output of layer 1)" in f.actual
     assert '"eagle_aux_hidden_state_layer_ids": [3, 31, 59]' in f.fix
     assert lint.readings[0].boundaries == (2, 30, 58)
 
 
-def test_generation_not_stated_and_readings_differ_is_a_finding(tmp_path):
-    lint = lint_sglang(_with_draft(tmp_path, [2, 30, 58]), draft=None, num_layers=L61, trained=TRAINED_61)
-    assert {r.boundaries for r in lint.readings} == {(3, 31, 59), (2, 30, 58)}
+def test_release_not_stated_and_readings_differ_is_a_finding(tmp_path):
+    lint = lint_sglang(
+        _with_draft(tmp_path, [2, 30, 58]),
+        draft=None,
+        num_layers=L61,
+        trained=TRAINED_61,
+        architecture=DEEPSEEK,
+    )
+    assert {r.label: r.boundaries for r in lint.readings} == {
+        "SGLang 0.5.10-0.5.12": (3, 31, 59),
+        "SGLang 0.5.13-0.5.23": (2, 30, 58),  # 0.5.13 and 0.5.14+ read these ids alike: one reading
+    }
     assert "serving.sglang.layer_ids" in checks(lint)
-    lint = lint_sglang(_with_draft(tmp_path, [2, 30, 58]), draft=None, num_layers=L61, trained=None)
+    lint = lint_sglang(
+        _with_draft(tmp_path, [2, 30, 58]), draft=None, num_layers=L61, trained=None, architecture=DEEPSEEK
+    )
     (f,) = lint.result.findings
-    assert f.what == "SGLang generations read these ids as different boundaries"
+    assert f.what == f"SGLang releases read these ids as different boundaries on this {DEEPSEEK} target"
+    assert f.fix.startswith("pass --sglang-version")
+
+
+def test_the_same_ids_on_a_llama_target_read_alike(tmp_path):
+    """The rule is per architecture: Llama targets add 1 to every id in every release read."""
+    lint = lint_sglang(
+        _with_draft(tmp_path, [2, 30, 58]),
+        draft=None,
+        num_layers=L61,
+        trained=TRAINED_61,
+        architecture="LlamaForCausalLM",
+    )
+    assert lint.result.findings == []
+    (r,) = lint.readings
+    assert r.label == "SGLang 0.5.10-0.5.23 (every release read)" and r.boundaries == TRAINED_61
 
 
 def test_the_minus_one_embedding_fix(tmp_path):
-    """[-1, 2, 30]: legacy SGLang reads boundary 0 (which stock SGLang cannot capture) and 3/31,
-    not what the draft was trained on; PR #25454 cannot read -1 at all."""
-    lint = lint_sglang(_with_draft(tmp_path, [-1, 2, 30]), draft=None, num_layers=L61, trained=TRAINED_61)
-    by_label = {r.label: r for r in lint.readings}
-    legacy = by_label["SGLang before PR #25454"]
-    assert legacy.boundaries == (0, 3, 31) and "not captured by stock SGLang" in (legacy.problem or "")
-    assert by_label["SGLang with PR #25454"].boundaries is None
-    whats = [f.what for f in lint.result.findings]
-    assert any(
-        "before PR #25454 feeds the draft other states" in w and "not captured by stock SGLang" in w
-        for w in whats
+    """[-1, 2, 30] on DeepSeek: SGLang before 0.5.13 reads boundary 0 (its forward crashes on it) and 3/31,
+    not what the draft was trained on; 0.5.13+ reads -1 as a capture point that does not exist."""
+    lint = lint_sglang(
+        _with_draft(tmp_path, [-1, 2, 30]),
+        draft=None,
+        num_layers=L61,
+        trained=TRAINED_61,
+        architecture=DEEPSEEK,
     )
-    legacy_fix = next(f.fix for f in lint.result.findings if "before PR #25454" in f.what)
-    assert "[2, 30, 58]" in legacy_fix
+    by_label = {r.label: r for r in lint.readings}
+    old = by_label["SGLang 0.5.10-0.5.12"]
+    assert old.boundaries is None and "TypeError" in (old.problem or "")
+    newer = by_label["SGLang 0.5.13-0.5.23"]
+    assert newer.boundaries is None and "[-1] name no boundary" in (newer.problem or "")
+    assert all(f.check == "serving.sglang.layer_ids" for f in lint.result.findings)
+    old_fix = next(f.fix for f in lint.result.findings if "0.5.10-0.5.12" in f.what)
+    assert "[2, 30, 58]" in old_fix
 
 
 def test_no_ids_means_sglang_defaults(tmp_path):
-    lint = lint_sglang(_with_draft(tmp_path, None), draft=None, num_layers=L61, trained=(2, 30, 58))
+    lint = lint_sglang(
+        _with_draft(tmp_path, None), draft=None, num_layers=L61, trained=(2, 30, 58), architecture=DEEPSEEK
+    )
     assert lint.result.findings == []
     assert all(r.boundaries == (2, 30, 58) for r in lint.readings)
 
@@ -186,23 +225,40 @@ def test_eaglewire_draft_dir_is_not_servable(tmp_path):
     assert f.check == "serving.sglang.draft_format" and "eaglewire export" in f.fix
 
 
-def test_both_generations_agree_gives_one_finding(tmp_path):
+def test_every_release_agrees_gives_one_finding(tmp_path):
     d = write_sglang_config(tmp_path / "sgl", [1, 5, 8], target=tiny(12))
-    lint = lint_sglang(
-        f"{GOOD} --speculative-draft-model-path {d}", draft=None, num_layers=12, trained=(3, 7, 10)
-    )
+    args = f"{GOOD} --speculative-draft-model-path {d}"
+    lint = lint_sglang(args, draft=None, num_layers=12, trained=(3, 7, 10), architecture=DEEPSEEK)
     (r,) = lint.readings
-    assert r.label == "SGLang (both generations)" and r.boundaries == (2, 6, 9)
+    assert r.label == "SGLang 0.5.10-0.5.23 (every release read)" and r.boundaries == (2, 6, 9)
     (f,) = lint.result.findings
     assert "every column is 1 boundary shallower than in training" in f.what
-    # no id list means (3, 7, 10) to both generations: the fix names each one
-    assert "SGLang before PR #25454: set" in f.fix and "[2, 6, 9]" in f.fix and "[3, 7, 10]" in f.fix
-    # for boundaries both read alike, one id list fixes it
+    # no id list means (3, 7, 10) to every DeepSeek release: the fix names the releases
+    assert "--sglang-version 0.5.12" in f.fix and "--sglang-version 0.5.23" in f.fix
+    # on a Llama target (or for boundaries every release reads alike) one id list fixes it
+    for arch, trained, ids in (
+        ("LlamaForCausalLM", (3, 7, 10), "[2, 6, 9]"),
+        (DEEPSEEK, (2, 7, 10), "[1, 6, 9]"),
+    ):
+        lint = lint_sglang(args, draft=None, num_layers=12, trained=trained, architecture=arch)
+        (f,) = lint.result.findings
+        assert (
+            f.fix
+            == f'set "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {ids}}} in the draft\'s config.json'
+        )
+
+
+def test_last_layer_ids_are_a_finding(tmp_path):
+    """Id 11 on a 12-layer target is capture point 12 = L: SGLang's layer loop never reaches it."""
+    d = write_sglang_config(tmp_path / "sgl", [1, 5, 11], target=tiny(12))
     lint = lint_sglang(
-        f"{GOOD} --speculative-draft-model-path {d}", draft=None, num_layers=12, trained=(2, 7, 10)
+        f"{GOOD} --speculative-draft-model-path {d}",
+        draft=None,
+        num_layers=12,
+        trained=(2, 6, 12),
+        architecture="LlamaForCausalLM",
     )
+    (r,) = lint.readings
+    assert r.boundaries is None and "the draft gets 2 of its 3 aux states" in (r.problem or "")
     (f,) = lint.result.findings
-    assert (
-        f.fix
-        == 'set "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 6, 9]} in the draft\'s config.json'
-    )
+    assert "no SGLang ids serve it" in f.fix and "--aux-boundaries 2,6,11" in f.fix

@@ -73,3 +73,18 @@ def test_config_file_errors(tmp_path):
         load_vllm_config(p)
     p.write_text(json.dumps({"method": "eagle3", "num_speculative_tokens": 2}))
     assert load_vllm_config(p)["method"] == "eagle3"
+
+
+def test_vllm_release_rows_per_architecture(tmp_path):
+    """vLLM 0.33.0 captures boundary 0 on Llama targets but crashes on it on DeepSeek ones, and sorts the ids."""
+    d = write_speculators_config(tmp_path / "v", [0, 4, 8], target=tiny(12))
+    ok = lint_vllm(spec(d), draft=None, num_layers=12, trained=(0, 4, 8), architecture="LlamaForCausalLM")
+    assert ok.result.findings == [] and ok.readings[0].label == "vLLM 0.33.0"
+    bad = lint_vllm(
+        spec(d), draft=None, num_layers=12, trained=(0, 4, 8), architecture="DeepseekV3ForCausalLM"
+    )
+    (f,) = bad.result.findings
+    assert f.check == "serving.vllm.layer_ids" and "TypeError" in f.actual
+    d2 = write_speculators_config(tmp_path / "w", [8, 0, 4], target=tiny(12))
+    lint = lint_vllm(spec(d2), draft=None, num_layers=12, trained=(8, 0, 4), architecture="LlamaForCausalLM")
+    assert lint.readings[0].boundaries == (0, 4, 8) and "layer order" in (lint.readings[0].problem or "")

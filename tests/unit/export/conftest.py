@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from eaglewire.draft.io import save_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
-from tests.helpers.tiny import make_tiny_target
+from tests.helpers.tiny import make_tiny_target, save_tiny_target
 
 DRAFT_VOCAB = 200  # Vd < V (the tiny tokenizer has V = 384)
 
@@ -28,8 +29,11 @@ def one_torch_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def tiny_target() -> LoadedTarget:
-    return make_tiny_target("llama", num_layers=8)
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> LoadedTarget:
+    """The 8-layer tiny llama, saved: contracts name a real directory, which exports write as an absolute path."""
+    t = make_tiny_target("llama", num_layers=8)
+    directory = save_tiny_target(t, tmp_path_factory.mktemp("tiny-target"))
+    return replace(t, path=directory)
 
 
 def randomize(draft: Eagle3Draft, seed: int) -> Eagle3Draft:

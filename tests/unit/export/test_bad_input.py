@@ -137,6 +137,13 @@ def test_target_hidden_mismatch(
         ("sglang", "tie_word_embeddings", True, r"tie_word_embeddings is true"),
         ("sglang", "num_hidden_layers", 2, r"num_hidden_layers: expected 1, got 2"),
         ("sglang", "model_type", "qwen3", r"model_type: expected 'llama', got 'qwen3'"),
+        (
+            "sglang",
+            "fc_norm",
+            True,
+            r"fc_norm: expected false or absent, got True: sglang \(0\.5\.12 on\) builds",
+        ),
+        ("sglang", "norm_output", True, r"norm_output: expected false or absent, got True"),
     ],
 )
 def test_bad_config_values(

@@ -80,7 +80,8 @@ def test_vllm_config_for_30_layers(make_draft: MakeDraft, target_30: LoadedTarge
 
 
 def test_engines_read_three_aux_states(make_draft: MakeDraft, tmp_path: Path) -> None:
-    """SGLang and vLLM hard-code fc = target_hidden_size * 3: other counts are refused before writing."""
+    """vLLM 0.33.0 builds fc = target_hidden_size * 3 for a speculators config (so did sglang 0.5.10-0.5.11):
+    other counts are refused before writing."""
     src = make_draft(boundaries=[2, 4, 5, 6])
     assert ENGINE_NUM_AUX != 4
     for fmt in ("sglang", "vllm"):

@@ -54,7 +54,7 @@ def test_eagle_official_import(make_draft: MakeDraft, tiny_target: LoadedTarget,
     for x, y in zip(draft_logits(before), draft_logits(after), strict=True):
         assert torch.equal(x, y)
     with pytest.raises(ConfigError, match="EAGLE's code takes no ids"):
-        import_draft("eagle", eagle_dir, tiny_target, tmp_path / "x", numbering="sglang-legacy")
+        import_draft("eagle", eagle_dir, tiny_target, tmp_path / "x", numbering="layer-output")
 
 
 def test_eagle_format_refuses_engine_exports(
@@ -110,11 +110,11 @@ def test_cli_export_then_import(make_draft: MakeDraft, tiny_target: LoadedTarget
         assert torch.equal(x, y)
 
 
-def test_cli_ambiguous_sglang_export_exits_2(make_draft: MakeDraft, tmp_path: Path) -> None:
+def test_cli_uncapturable_sglang_export_exits_2(make_draft: MakeDraft, tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    src = make_draft(boundaries=[3, 4, 6])
+    src = make_draft(boundaries=[2, 4, 8])  # 8 = L: no SGLang release captures the last layer's output
     cmd = [
         sys.executable,
         "-c",
@@ -129,4 +129,5 @@ def test_cli_ambiguous_sglang_export_exits_2(make_draft: MakeDraft, tmp_path: Pa
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 2, proc.stderr
-    assert "--sglang-generation legacy|pr25454" in proc.stderr
+    assert "--aux-boundaries 2,4,7" in proc.stderr and "eaglewire export --format vllm" in proc.stderr
+    assert not (tmp_path / "e").exists()

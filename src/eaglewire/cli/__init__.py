@@ -22,7 +22,19 @@ app = typer.Typer(
 )
 
 # Order = order in --help.
-_GROUPS = ("quickstart", "ids", "draft", "data", "train", "eval", "generate", "doctor", "export", "bench")
+_GROUPS = (
+    "quickstart",
+    "ids",
+    "draft",
+    "data",
+    "train",
+    "eval",
+    "generate",
+    "serve",
+    "doctor",
+    "export",
+    "bench",
+)
 
 
 def _register_all() -> None:

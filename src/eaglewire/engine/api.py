@@ -27,7 +27,7 @@ from eaglewire.engine.hf_runner import HFTargetRunner
 from eaglewire.engine.interfaces import TargetRunner
 from eaglewire.engine.sampling import SamplingParams, make_generator
 from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs
-from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.speculative import DecodeTrace, RoundCallback, speculative_generate
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.verify import StopRule
 from eaglewire.errors import ConfigError, ContractMismatchError
@@ -43,7 +43,7 @@ RunnerKind = Literal["auto", "fast", "hf"]
 class GenerationResult:
     text: str
     token_ids: list[int]  # generated tokens only
-    finish_reason: str  # "eos" | "stop_string" | "max_new_tokens"
+    finish_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "cancelled" (on_round returned False)
     tau: float  # tokens per target verification forward, bonus included (1.0 without a draft)
     per_position_acceptance: list[float]  # [k] fraction of verifications that accepted >= k+1 drafts
     tokens_per_s: float  # generated tokens / decode seconds (prefill excluded)
@@ -191,8 +191,11 @@ class SpeculativeDecoder:
         stop: Sequence[str] = (),
         chat: bool = True,
         use_draft: bool = True,
+        on_round: RoundCallback | None = None,
     ) -> GenerationResult:
-        """Generate after `prompt` (text, chat-templated unless chat=False; or token ids as given)."""
+        """Generate after `prompt` (text, chat-templated unless chat=False; or token ids as given).
+        on_round: called after every verified round with the tokens it added (streaming); returning
+        False stops after that round with finish_reason "cancelled" (`engine.speculative`)."""
         prompt_ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
         capacity = getattr(self.runner, "max_seq_len", None)
         needed = len(prompt_ids) + max_new_tokens + self.spec.num_draft_tokens
@@ -215,6 +218,7 @@ class SpeculativeDecoder:
             verify_generator=make_generator(sampling, "cpu"),
             draft_generator=make_generator(SamplingParams(seed=sampling.seed + 1), draft_device),
             timers=self.timers,
+            on_round=on_round,
         )
         decode_seconds = sum(v for k, v in trace.phase_seconds.items() if k != "prefill")
         text = rule.final_text(self._decode(trace.token_ids), trace.finish_reason) if decode else ""

@@ -23,11 +23,16 @@ Two loops run these rounds, chosen in one place (`speculative_generate`):
     for its verdict before the next is enqueued.
 Both emit the same tokens and the same per-round traces (`launch_ahead=True` runs the first on
 CPU too: the tests pin it there).
+
+Streaming and cancellation: `on_round(kept)` is called after every verified round with the tokens
+that round added (what `stop` kept of it, possibly none); returning False ends the generation after
+that round with finish_reason "cancelled" (a server whose client went away stops at the next round).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,15 +46,19 @@ from eaglewire.engine.tree import root_only
 from eaglewire.engine.verify import StopRule, Verdict, verdict_from_path, verify
 from eaglewire.errors import ConfigError
 
+# Called after each verified round with the tokens it added; False = stop here ("cancelled").
+RoundCallback = Callable[[list[int]], bool]
+
 
 @dataclass
 class DecodeTrace:
     token_ids: list[int]  # generated tokens (eos included when it ended the generation)
-    finish_reason: str  # "eos" | "stop_string" | "max_new_tokens"
+    finish_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "cancelled" (on_round said stop)
     accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
     emitted_per_round: list[int] = field(default_factory=list)  # tokens it produced, bonus included
     phase_seconds: dict[str, float] = field(default_factory=dict)
     loop: str = "lockstep"  # "lockstep" | "launch_ahead": which round loop ran (module doc)
+    on_round: RoundCallback | None = field(default=None, repr=False, compare=False)  # module doc
 
     @property
     def num_verifications(self) -> int:
@@ -64,6 +73,8 @@ class DecodeTrace:
         self.token_ids.extend(kept)
         if finish is not None:
             self.finish_reason = finish
+        if self.on_round is not None and not self.on_round(kept) and finish is None:
+            self.finish_reason = finish = "cancelled"
         return finish is not None
 
 
@@ -105,13 +116,15 @@ def speculative_generate(
     draft_generator: torch.Generator | None = None,
     launch_ahead: bool | None = None,
     timers: PhaseTimers | None = None,
+    on_round: RoundCallback | None = None,
 ) -> DecodeTrace:
     """Generate after `prompt_ids` (>= 1 token). `drafter=None` decodes plainly on the same runner.
     launch_ahead: None = on CUDA whenever greedy decoding on this runner allows it; False =
     lockstep; True = launch-ahead (any device) or a ConfigError.
     timers: what times the phases (reset here; its summary becomes `phase_seconds`). A caller running
     many generations passes the same one each time, so its CUDA events are reused instead of made
-    again (`engine.timers`); None = a new enabled one for this generation."""
+    again (`engine.timers`); None = a new enabled one for this generation.
+    on_round: called with each verified round's kept tokens; False ends the generation (module doc)."""
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: at least one token is needed")
     ahead = _use_launch_ahead(runner, sampling, launch_ahead)
@@ -134,7 +147,7 @@ def speculative_generate(
             if drafter is not None:
                 drafter.extend(aux, torch.tensor(prompt_ids[1:]), start_position=0)
 
-    trace = DecodeTrace(token_ids=[], finish_reason="max_new_tokens")
+    trace = DecodeTrace(token_ids=[], finish_reason="max_new_tokens", on_round=on_round)
     root_position = len(prompt_ids) - 1
     if ahead:
         trace.loop = "launch_ahead"

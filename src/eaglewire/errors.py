@@ -48,6 +48,11 @@ class CheckpointError(EaglewireError):
     """A checkpoint or export is missing a tensor or key, or has the wrong shape."""
 
 
+class ServerError(EaglewireError):
+    """An HTTP server eaglewire talks to (`data regenerate --server`, `doctor --served`) cannot be
+    reached, or answered in a shape an OpenAI-compatible server or the named engine does not have."""
+
+
 def expected_actual(what: str, expected: object, actual: object) -> str:
     """Uniform 'X: expected A, got B' phrasing used across the package."""
     return f"{what}: expected {expected}, got {actual}"

@@ -119,7 +119,7 @@ CASES = [
         setup=_edit_config("qs/export/vllm", eagle_aux_hidden_state_layer_ids=[100, 200, 300]),
         says=(
             "eagle_aux_hidden_state_layer_ids = [100, 200, 300]",
-            "valid ids are 0..8",
+            "valid are ids naming boundaries 0..8",
             "fix: set eagle_aux_hidden_state_layer_ids to [2, 4, 5]",
         ),
     ),
@@ -130,8 +130,7 @@ CASES = [
         setup=_edit_config("qs/export/sglang", eagle_config__eagle_aux_hidden_state_layer_ids=[2, 3, 4]),
         says=(
             "eagle_config.eagle_aux_hidden_state_layer_ids = [2, 3, 4]",
-            "SGLang before PR #25454 captures boundaries 3 (output of layer 2)",
-            "SGLang with PR #25454 captures boundaries 2 (output of layer 1), 3 (output of layer 2)",
+            "SGLang 0.5.10-0.5.23 (every release read) captures boundaries 3 (output of layer 2)",
             "(the draft's contract)",
             "set eagle_config.eagle_aux_hidden_state_layer_ids to [1, 3, 4]",
         ),
@@ -158,6 +157,8 @@ CASES = [
             "the draft is fine",
             "100.0% (104/104) with its contract's boundaries [2, 4, 5]",
             "do not change the draft",
+            f"relabel the data: eaglewire data relabel --data {{ws}}/{MISLABEL}/data_fine --target {{ws}}/target "
+            "--aux-boundaries 3,5,6",
         ),
     ),
     Case(
@@ -169,6 +170,8 @@ CASES = [
             "100.0% (104/104) on the data's columns [3, 5, 6]",
             "correct its wiring to aux_boundaries [3, 5, 6]",
             "vLLM/speculators [3, 5, 6]",
+            f"eaglewire draft relabel --draft {{ws}}/{MISLABEL}/draft_learned --target {{ws}}/target "
+            f"--aux-boundaries 3,5,6 --out {{ws}}/{MISLABEL}/draft_learned-relabelled",
         ),
     ),
     # the other check families, both ways

@@ -75,7 +75,7 @@ CASES = [
             "{ws}/qs/train/draft/contract.json",
             "aux_boundaries [3, 4, 5]",
             "labelled [2, 4, 5]",
-            "fix: edit",
+            "fix: if aux_boundaries",
         ),
         setup=_relabel_contract,
     ),

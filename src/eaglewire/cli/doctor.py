@@ -12,7 +12,6 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import console, print_json, print_table
-from eaglewire.contract.numbering import SGLANG_GENERATION_HELP
 
 STATUS_STYLE = {"ok": "[green]ok[/green]", "finding": "[red]FINDING[/red]", "skipped": "[dim]skipped[/dim]"}
 
@@ -26,8 +25,14 @@ def doctor(
     sglang_args: str = typer.Option(
         None, "--sglang-args", help='SGLang server arguments, e.g. "--speculative-algorithm EAGLE3 ..."'
     ),
-    sglang_generation: str = typer.Option(
-        None, "--sglang-generation", help=f"legacy | pr25454. {SGLANG_GENERATION_HELP}"
+    sglang_version: str = typer.Option(
+        None,
+        "--sglang-version",
+        help="the SGLang release you serve with, e.g. 0.5.23: its id rule depends on the release and the target "
+        "architecture (default: every release eaglewire has read; releases that read the ids apart are a finding)",
+    ),
+    vllm_version: str = typer.Option(
+        None, "--vllm-version", help="the vLLM release you serve with, e.g. 0.33.0 (default: every one read)"
     ),
     vllm_config: Path = typer.Option(
         None, "--vllm-config", help='JSON: {"speculative_config": {...}, "temperature": T}'
@@ -40,11 +45,33 @@ def doctor(
         None, "--target-dtype", help="dtype to run the target in (default: the contract's)"
     ),
     max_records: int = typer.Option(4, "--max-records", help="records sampled from --data"),
-    max_tokens: int = typer.Option(128, "--max-tokens", help="tokens per record compared"),
+    max_tokens: int = typer.Option(
+        128, "--max-tokens", help="tokens per record compared; with --served, max_tokens per prompt sent"
+    ),
     accuracy_labels: str = typer.Option(
         None,
         "--accuracy-labels",
         help="standalone accuracy against 'target' argmax (training's metric; default with --target) or data 'tokens'",
+    ),
+    served: str = typer.Option(
+        None,
+        "--served",
+        help="URL of a live server (e.g. http://127.0.0.1:30000): compare its acceptance with the draft's "
+        "replay of the served text, and name the miswiring when it falls short (needs --engine, --draft, --target)",
+    ),
+    engine: str = typer.Option(
+        None,
+        "--engine",
+        help="with --served: sglang | vllm | eaglewire (eaglewire serve): how it reports acceptance",
+    ),
+    prompts: str = typer.Option(
+        None,
+        "--prompts",
+        help="with --served: a JSONL prompt file or a built-in set (mt-bench, humaneval-eval, chitchat-eval); "
+        "default: 6 MT-bench first turns and 4 held-out HumanEval prompts",
+    ),
+    num_prompts: int = typer.Option(
+        None, "--num-prompts", help="with --served: send only the first N prompts"
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
@@ -53,8 +80,15 @@ def doctor(
     An SGLang or vLLM export given as --draft is read the way its engine reads it (layer ids,
     sizes, norm flags; by values with --target): no serving arguments are needed to check it.
 
+    With --served URL it also asks a live server (SGLang, vLLM or eaglewire serve) for greedy answers, replays
+    them with the draft under its wiring and compares the acceptance: exit 0 when they match, 1 naming the
+    miswiring (aux states shifted, reordered, the embedding, post-norm, the vocab map, a rewritten draft length)
+    and its fix.
+
     Example: eaglewire doctor --draft out/draft --target smollm2 --data out/shards
     --sglang-args "--speculative-algorithm EAGLE3 --speculative-num-steps 1 --speculative-num-draft-tokens 16"
+
+    Example: eaglewire doctor --served http://127.0.0.1:30000 --engine sglang --draft out/draft --target smollm2
     """
     # here, not at import: torch loads only when a command needs it
     from eaglewire.doctor.run import DoctorOptions, run_doctor
@@ -65,7 +99,8 @@ def doctor(
         target=target,
         data=data,
         sglang_args=sglang_args,
-        sglang_generation=sglang_generation,
+        sglang_version=sglang_version,
+        vllm_version=vllm_version,
         vllm_config=vllm_config,
         trace=trace,
         prompt=prompt,
@@ -73,6 +108,10 @@ def doctor(
         max_records=max_records,
         max_tokens=max_tokens,
         accuracy_labels=accuracy_labels,
+        served=served,
+        engine=engine,
+        prompts=prompts,
+        num_prompts=num_prompts,
     )
     report = run_doctor(opts)
     if as_json:

@@ -46,7 +46,7 @@ from eaglewire.data.chat_masks import resolve_chat_template
 from eaglewire.data.formats import Conversation
 from eaglewire.data.generation import SamplingConfig
 from eaglewire.data.regenerate import RegenerateStats, Replay, batch_seed, open_resume, write_sidecar
-from eaglewire.errors import ConfigError, DataFormatError, EaglewireError
+from eaglewire.errors import ConfigError, DataFormatError, ServerError
 from eaglewire.io_utils import sha256_text
 
 if TYPE_CHECKING:
@@ -57,11 +57,6 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})  # busy, or a proxy in front of a restarting server
 FINISH_REASONS = frozenset({"stop", "length"})
 EXCERPT = 300  # characters of a server's answer quoted in an error
-
-
-class ServerError(EaglewireError):
-    """The server did not answer as an OpenAI-compatible server must (nothing listening, an HTTP
-    error, a malformed answer, or retries exhausted): names the URL, the record and turn."""
 
 
 @dataclass(frozen=True)

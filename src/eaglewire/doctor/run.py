@@ -14,12 +14,14 @@ never overruled without that measurement; without a draft, the data's values bea
 from __future__ import annotations
 
 import logging
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 from eaglewire.contract.contract import CONTRACT_FILE, Contract
-from eaglewire.contract.numbering import SGLANG_GENERATIONS
+from eaglewire.contract.numbering import parse_version
 from eaglewire.data.types import CapturedRecord
 from eaglewire.doctor.data_check import CHECK as DATA_CHECK
 from eaglewire.doctor.data_check import SERVE_HINT, DataWiring, check_data_against_target
@@ -28,6 +30,7 @@ from eaglewire.doctor.draft_check import check_draft
 from eaglewire.doctor.draft_source import DraftSource, load_engine_draft, read_draft_source
 from eaglewire.doctor.export_check import check_export
 from eaglewire.doctor.findings import CheckResult, DoctorReport, Finding, fmt_list, skipped
+from eaglewire.doctor.served_client import served_client_for
 from eaglewire.doctor.serving_common import ServedReading
 from eaglewire.doctor.sglang_lint import lint_sglang, parse_sglang_args
 from eaglewire.doctor.standalone import CHECK as STANDALONE_CHECK
@@ -40,6 +43,12 @@ from eaglewire.errors import CheckpointError, ConfigError
 from eaglewire.target.loading import LoadedTarget
 
 log = logging.getLogger(__name__)
+
+# What the fixes' commands call the target when the caller did not say how it was given, and the
+# directories they write beside a draft (a relabelled copy; an export imported to be relabelled).
+TARGET_PLACEHOLDER = "TARGET"
+RELABELLED = "-relabelled"
+IMPORTED = "-imported"
 
 
 class RecordSource(Protocol):
@@ -58,7 +67,8 @@ class DoctorOptions:
     target: str | None = None
     data: Path | None = None
     sglang_args: str | None = None
-    sglang_generation: str | None = None
+    sglang_version: str | None = None  # the SGLang release served with (--sglang-version)
+    vllm_version: str | None = None  # the vLLM release served with (--vllm-version)
     vllm_config: Path | None = None
     trace: bool = False
     prompt: str | None = None
@@ -66,17 +76,27 @@ class DoctorOptions:
     max_records: int = 4
     max_tokens: int = 128
     accuracy_labels: str | None = None  # "target" (training's metric; default with --target) | "tokens"
+    # a live server's acceptance (`doctor.served`): its URL, its kind, the prompts sent (None: the default mix)
+    served: str | None = None
+    engine: str | None = None
+    prompts: str | None = None
+    num_prompts: int | None = None
 
     def validate(self) -> None:
+        from eaglewire.doctor.served_client import validate_served_flags
+
+        validate_served_flags(self)
         if not any((self.draft, self.target, self.data, self.sglang_args, self.vllm_config)):
             raise ConfigError(
                 "doctor: nothing to check",
                 fix="pass at least one of --draft, --target, --data, --sglang-args, --vllm-config",
             )
-        if self.sglang_generation is not None and self.sglang_generation not in SGLANG_GENERATIONS:
-            raise ConfigError(
-                f"--sglang-generation: expected one of {sorted(SGLANG_GENERATIONS)}, got {self.sglang_generation!r}"
-            )
+        for flag, version in (
+            ("--sglang-version", self.sglang_version),
+            ("--vllm-version", self.vllm_version),
+        ):
+            if version is not None:
+                parse_version(version, flag=flag)
         if self.trace and not (self.target and self.draft and self.prompt):
             raise ConfigError(
                 "--trace needs --target, --draft and --prompt TEXT", fix="add the missing option(s)"
@@ -111,21 +131,31 @@ def diagnose(
     draft_source: DraftSource | None = None,
     draft_model: Eagle3Draft | None = None,
     sglang_args: str | None = None,
-    sglang_generation: str | None = None,
+    sglang_version: str | None = None,
+    vllm_version: str | None = None,
     vllm_config: dict[str, Any] | None = None,
     trace_prompt: str | None = None,
     max_records: int = 4,
     max_tokens: int = 128,
     accuracy_labels: LabelSource | None = None,
+    data_path: Path | None = None,
+    target_arg: str | None = None,
 ) -> DoctorReport:
-    """Every check the inputs allow. `draft_model` is the loaded draft (standalone accuracy, trace)."""
+    """Every check the inputs allow. `draft_model` is the loaded draft (standalone accuracy, trace).
+    `data_path` and `target_arg` (the shard directory and the target as given) are what fixes name."""
     report = DoctorReport()
     sample = _sample(records, max_records) if records is not None else None
     wiring: DataWiring | None = None
     if sample is not None and data_contract is not None:
         if target is not None:
             wiring = check_data_against_target(
-                sample, data_contract, target, max_records=max_records, max_tokens=max_tokens
+                sample,
+                data_contract,
+                target,
+                max_records=max_records,
+                max_tokens=max_tokens,
+                data_path=data_path,
+                target_arg=target_arg,
             )
             report.checks.append(wiring.result)
         else:
@@ -154,7 +184,14 @@ def diagnose(
             max_tokens=max_tokens,
         )
     verdict_findings = (
-        wiring_verdict_findings(verdict, draft_source, data_contract, target.num_layers if target else None)
+        wiring_verdict_findings(
+            verdict,
+            draft_source,
+            data_contract,
+            target.num_layers if target else None,
+            data_relabel=wiring.relabel if wiring is not None else None,
+            target_arg=target_arg if target_arg is not None else (str(target.path) if target else None),
+        )
         if verdict is not None and draft_source is not None and data_contract is not None
         else []
     )
@@ -186,7 +223,7 @@ def diagnose(
             target=target,
             trained=trained,
             trained_from=trained_from,
-            generation=sglang_generation,
+            version=sglang_version if draft_source.kind == "sglang" else vllm_version,
         )
         report.checks.append(export.result)
         readings += export.readings
@@ -198,7 +235,7 @@ def diagnose(
             num_layers=num_layers,
             trained=trained,
             trained_from=trained_from,
-            generation=sglang_generation,
+            version=sglang_version,
             architecture=architecture,
             ids_checked=exported,
         )
@@ -212,6 +249,8 @@ def diagnose(
             trained=trained,
             trained_from=trained_from,
             ids_checked=exported,
+            architecture=architecture,
+            version=vllm_version,
         )
         report.checks.append(vlint.result)
         readings += vlint.readings
@@ -291,16 +330,38 @@ def _data_fix_without_serving_advice(result: CheckResult, verdict: WiringVerdict
     ]
 
 
+def relabel_draft_command(draft: Path, target: str, aux: Sequence[int]) -> str:
+    """The `eaglewire draft relabel` command that writes `draft` rewired to `aux` into `<draft>-relabelled`."""
+    fix = (
+        f"eaglewire draft relabel --draft {shlex.quote(str(draft))} --target {shlex.quote(target)} "
+        f"--aux-boundaries {','.join(str(b) for b in aux)} --out {shlex.quote(str(draft) + RELABELLED)}"
+    )
+    return fix
+
+
 def wiring_verdict_findings(
-    verdict: WiringVerdict, source: DraftSource, data_contract: Contract, num_layers: int | None
+    verdict: WiringVerdict,
+    source: DraftSource,
+    data_contract: Contract,
+    num_layers: int | None,
+    *,
+    data_relabel: str | None = None,
+    target_arg: str | None = None,
 ) -> list[Finding]:
     """ "This data is mislabelled" or "this draft was trained on mislabelled data", by the draft's own accuracy.
 
     Never advises changing a draft that reads what its contract says (learned == "contract"), nor one whose
-    accuracy does not tell (learned == "unclear"): only the data is then named.
+    accuracy does not tell (learned == "unclear"): only the data is then named. `data_relabel` is the data
+    check's `eaglewire data relabel` command (`DataWiring.relabel`); `target_arg` the target as given.
     """
     labels, real, mine = data_contract.aux_boundaries, verdict.stored, verdict.contract
     contract_file = source.path / CONTRACT_FILE
+    target = target_arg if target_arg is not None else TARGET_PLACEHOLDER
+    data_fix = (
+        f"relabel the data: {data_relabel}"
+        if data_relabel
+        else "recapture the data (not all its states can be relabelled: see data vs target)"
+    )
     if verdict.learned == "contract":
         if labels == real:
             return []  # the data is labelled right; the draft was trained on other data (draft vs target says if it matches)
@@ -312,26 +373,29 @@ def wiring_verdict_findings(
                 f"{fmt_list(labels)}; the draft is fine (it reads its contract's boundaries {fmt_list(mine)})",
                 declared=f"the data's labels: aux_boundaries {fmt_list(labels)}",
                 actual=f"by values {fmt_list(real)}; the draft: {verdict.evidence()}",
-                fix=f"relabel the data (its contract.json must say aux_boundaries {fmt_list(real)}), or recapture it at "
-                f"the draft's boundaries {fmt_list(mine)} with `eaglewire data capture`; do not change the draft",
+                fix=f"{data_fix}; or recapture it at the draft's boundaries with `eaglewire data capture "
+                f"--aux-boundaries {','.join(str(b) for b in mine)}`; do not change the draft",
             )
         ]
     if verdict.learned == "unclear":
         return []
-    ids = engine_ids_hint(real, num_layers) if num_layers is not None else ""
+    ids = (
+        engine_ids_hint(real, num_layers, data_contract.target.architecture) if num_layers is not None else ""
+    )
     trained_on = "mislabelled data" if labels != real else "this data"
     if source.kind == "eaglewire":
         relabel = (
-            f"to correct {contract_file}, re-import the draft at those boundaries: eaglewire export --draft {source.path} "
-            f"--format vllm --out EXPORT, write {fmt_list(real)} as eagle_aux_hidden_state_layer_ids in "
-            "EXPORT/config.json, delete EXPORT/contract.json, then eaglewire import --format vllm --src EXPORT "
-            "--target TARGET --out NEW_DRAFT"
+            f"write a copy rewired to them (same config and weights, {CONTRACT_FILE} rebuilt on the target; "
+            f"{source.path} is left as it is): {relabel_draft_command(source.path, target, real)}"
         )
     else:
+        imported = Path(str(source.path) + IMPORTED)
+        relabelled = Path(str(imported) + RELABELLED)
         relabel = (
-            f"write the ids for {fmt_list(real)} in {source.path / 'config.json'} (see the export check), delete "
-            f"{contract_file} and re-import: eaglewire import --format {source.kind} --src {source.path} "
-            "--target TARGET --out NEW_DRAFT"
+            f"import it, rewire the draft, export it again (no file edited by hand): `eaglewire import --format "
+            f"{source.kind} --src {shlex.quote(str(source.path))} --target {shlex.quote(target)} --out "
+            f"{shlex.quote(str(imported))}`, then `{relabel_draft_command(imported, target, real)}`, then "
+            f"`eaglewire export --draft {shlex.quote(str(relabelled))} --format {source.kind} --out NEW_EXPORT`"
         )
     return [
         Finding(
@@ -342,7 +406,7 @@ def wiring_verdict_findings(
             declared=f"aux_boundaries {fmt_list(mine)} ({contract_file})",
             actual=f"it reads {fmt_list(real)}: {verdict.evidence()}",
             fix=f"keep the draft, correct its wiring to aux_boundaries {fmt_list(real)}: serve it with {ids}; {relabel}"
-            + ("; relabel the data too" if labels != real else ""),
+            + (f"; and {data_fix}" if labels != real else ""),
         )
     ]
 
@@ -399,6 +463,7 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
     from eaglewire.target.loading import load_target
 
     opts.validate()
+    served = served_client_for(opts)  # reachable before anything loads
     draft_source = read_draft_source(opts.draft) if opts.draft is not None else None
     draft_model = None
     if draft_source is not None and draft_source.kind == "eaglewire":
@@ -433,13 +498,20 @@ def run_doctor(opts: DoctorOptions) -> DoctorReport:
         draft_source=draft_source,
         draft_model=draft_model,
         sglang_args=opts.sglang_args,
-        sglang_generation=opts.sglang_generation,
+        sglang_version=opts.sglang_version,
+        vllm_version=opts.vllm_version,
         vllm_config=vllm,
         trace_prompt=opts.prompt if opts.trace else None,
         max_records=opts.max_records,
         max_tokens=opts.max_tokens,
         accuracy_labels=cast(LabelSource | None, opts.accuracy_labels),
+        data_path=opts.data,
+        target_arg=opts.target,
     )
     if load_note is not None:
         report.checks.append(skipped(STANDALONE_CHECK, load_note))
+    if served is not None and target is not None and draft_source is not None:
+        from eaglewire.doctor.served import served_check_for
+
+        report.checks.append(served_check_for(opts, served, target, draft_source, draft_model, vllm))
     return report

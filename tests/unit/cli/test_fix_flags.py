@@ -40,7 +40,9 @@ NAMED_COMMAND = re.compile(r"eaglewire ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?")
 # Flags of other programs that fixes may name, and the modules allowed to name them.
 FOREIGN = {
     # SGLang server arguments: the doctor lints a serving command line and says what to change in it
-    "--speculative-algorithm": ("doctor/sglang_lint.py",),
+    "--speculative-algorithm": ("doctor/sglang_lint.py", "doctor/served.py", "doctor/served_client.py"),
+    # vLLM's server argument: the served check (doctor --served) says how to launch vLLM speculatively
+    "--speculative-config": ("doctor/served.py", "doctor/served_client.py"),
     "--speculative-num-steps": ("doctor/sglang_lint.py", "doctor/serving_common.py", "engine/spec_args.py"),
     "--speculative-eagle-topk": ("doctor/sglang_lint.py", "doctor/serving_common.py", "engine/spec_args.py"),
     "--speculative-num-draft-tokens": (

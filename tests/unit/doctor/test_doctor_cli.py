@@ -76,9 +76,11 @@ def test_finding_exit_1_with_fix_and_verdict_table(files):
     r = invoke("--target", files / "target", "--data", files / "shifted")
     assert r.exit_code == 1, r.output
     assert "[error] data.aux: every column is 1 boundary deeper than in its label" in r.output
+    # the final state's label was right: no flag for it
     assert (
-        "fix: the tensors are right, the labels are wrong: set the data contract to aux_boundaries=[3, 7, 10]"
-        in r.output
+        "fix: the tensors are right, the labels are wrong: relabel them (proven by values first; the tensors are "
+        f"not touched): eaglewire data relabel --data {files / 'shifted'} --target {files / 'target'} "
+        "--aux-boundaries 3,7,10 (a draft trained" in r.output
     )
     assert "doctor verdict" in r.output and "FINDING" in r.output
 
@@ -115,7 +117,7 @@ def test_trace_prints_text_and_json_lines(files):
     "opts",
     [
         DoctorOptions(),
-        DoctorOptions(sglang_args=ARGS, sglang_generation="v2"),
+        DoctorOptions(sglang_args=ARGS, sglang_version="v2"),
         DoctorOptions(sglang_args=ARGS, trace=True),
         DoctorOptions(sglang_args=ARGS, accuracy_labels="target"),
     ],

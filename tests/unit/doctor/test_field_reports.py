@@ -3,9 +3,10 @@
 Truth: the draft was trained on boundaries (3, 7, 10) (a dump at SGLang ids [2, 6, 9], read the
 "+1" way), but the dump was labelled "embedding, layer 3, layer 7" with "layer 10" as the final
 state. The draft's contract copied the labels. Then:
-- the "-1 embedding fix": SGLang ids [-1, 2, 6] to match the labels -> boundary 0 that stock SGLang
-  cannot capture, and standalone accuracy drops;
-- the same right ids [2, 6, 9] served by SGLang with PR #25454, which reads them as boundaries;
+- the "-1 embedding fix": SGLang ids [-1, 2, 6] to match the labels -> boundary 0 (which SGLang
+  releases before 0.5.22 cannot even capture on a Llama target), and standalone accuracy drops;
+- the right boundaries written as ids [3, 7, 10] (read as boundaries, as PR #25454 does for DeepSeek
+  targets only): every SGLang release adds 1 on a Llama target, so they arrive one boundary deeper;
 - `--speculative-num-steps 1 --speculative-num-draft-tokens 16 --speculative-eagle-topk 1`;
 - and the fixed pipeline, which must report nothing.
 """
@@ -42,7 +43,7 @@ def world(tmp_path_factory):
     return {"target": t, "draft": draft, "records": records, "labels": mislabelled, "root": root}
 
 
-def run(world, ids, args, *, generation=None, relabelled=False):
+def run(world, ids, args, *, version=None, relabelled=False):
     t = world["target"]
     sgl = write_sglang_config(world["root"] / f"sgl_{'_'.join(map(str, ids))}", ids, target=t)
     contract = labelled(t, TRUE_AUX) if relabelled else world["labels"]
@@ -53,7 +54,7 @@ def run(world, ids, args, *, generation=None, relabelled=False):
         draft_source=None if relabelled else read_draft_source(world["root"] / "draft"),
         draft_model=world["draft"],
         sglang_args=f"{args} --speculative-draft-model-path {sgl}",
-        sglang_generation=generation,
+        sglang_version=version,
         accuracy_labels="tokens",
     )
 
@@ -66,21 +67,21 @@ def by_check(report):
 
 
 def test_the_minus_one_embedding_fix_is_diagnosed_with_both_accuracies(world):
-    report = run(world, [-1, 2, 6], REPORT_ARGS, generation="legacy")
+    report = run(world, [-1, 2, 6], REPORT_ARGS, version="0.5.23")
     found = by_check(report)
     assert report.exit_code == 1
     # 1. the data: labels one column off, the tensors are boundaries 3/7/10
     (data,) = found["data.aux"]
-    assert "no embedding column" in data.what and "aux_boundaries=[3, 7, 10]" in data.fix
+    assert "no embedding column" in data.what and "--aux-boundaries 3,7,10" in data.fix
     assert "data.final" in found
     # the draft's own accuracy says it learned the data's real boundaries: its contract (the labels) is wrong
     (mis,) = found["draft.contract_vs_data_values"]
     assert "this draft was trained on mislabelled data" in mis.what
     assert "correct its wiring to aux_boundaries [3, 7, 10]" in mis.fix and "[2, 6, 9]" in mis.fix
     assert "100.0% (104/104) on the data's columns [3, 7, 10]" in mis.actual
-    # 2. serving: -1 -> boundary 0, which stock SGLang cannot capture; the right ids are [2, 6, 9]
+    # 2. serving: -1 -> boundary 0 (captured by 0.5.22+ on Llama targets); the right ids are [2, 6, 9]
     (ids,) = found["serving.sglang.layer_ids"]
-    assert "prepends an embedding column" in ids.what and "not captured by stock SGLang" in ids.what
+    assert "prepends an embedding column" in ids.what and "SGLang 0.5.23" in ids.what
     assert (
         "trained on boundaries 3 (output of layer 2)" in ids.declared
         and "(the training data's values)" in ids.declared
@@ -97,19 +98,19 @@ def test_the_minus_one_embedding_fix_is_diagnosed_with_both_accuracies(world):
     assert "rewrites --speculative-num-draft-tokens 16 to 2" in rw.what
 
 
-def test_right_ids_served_by_sglang_with_pr25454(world):
-    report = run(world, [2, 6, 9], FIXED_ARGS, generation="pr25454", relabelled=True)
+def test_boundaries_written_as_ids_are_one_boundary_deeper_on_llama(world):
+    report = run(world, [3, 7, 10], FIXED_ARGS, relabelled=True)
     found = by_check(report)
     assert set(found) == {"serving.sglang.layer_ids", "standalone.accuracy_gap"}, report.detail_lines()
     (ids,) = found["serving.sglang.layer_ids"]
-    assert "SGLang with PR #25454" in ids.what and "1 boundary shallower" in ids.what
-    assert '"eagle_aux_hidden_state_layer_ids": [3, 7, 10]' in ids.fix
+    assert "SGLang 0.5.10-0.5.23 (every release read)" in ids.what and "1 boundary deeper" in ids.what
+    assert '"eagle_aux_hidden_state_layer_ids": [2, 6, 9]' in ids.fix
     (gap,) = found["standalone.accuracy_gap"]
-    assert gap.actual.startswith("served wiring [2, 6, 9]") and gap.fix == ids.fix
+    assert gap.actual.startswith("served wiring [4, 8, 11]") and gap.fix == ids.fix
 
 
-def test_the_same_ids_on_legacy_sglang_and_the_relabelled_data_report_nothing(world):
-    report = run(world, [2, 6, 9], FIXED_ARGS, generation="legacy", relabelled=True)
+def test_the_right_ids_and_the_relabelled_data_report_nothing(world):
+    report = run(world, [2, 6, 9], FIXED_ARGS, relabelled=True)
     assert report.findings == [], report.detail_lines()
     assert report.exit_code == 0
     assert {c.name: c.status for c in report.checks} == {

@@ -47,7 +47,7 @@ def run(worlds, name, *, export=False, sglang_args=True, draft_contract_dir=None
         draft_source=source,
         draft_model=w.draft,
         sglang_args=f"{CHAIN} --speculative-draft-model-path {sglang_dir}" if sglang_args else None,
-        sglang_generation="legacy",
+        sglang_version="0.5.23",
         accuracy_labels="tokens",
     )
 
@@ -91,7 +91,9 @@ def test_a_draft_trained_on_mislabelled_data_gets_its_wiring_corrected(worlds):
     assert "100.0% (104/104) on the data's columns [3, 7, 10]" in f.actual
     assert (
         "correct its wiring to aux_boundaries [3, 7, 10]" in f.fix
-        and "eaglewire import --format vllm" in f.fix
+        and "eaglewire draft relabel --draft " in f.fix
+        and "--aux-boundaries 3,7,10 --out " in f.fix
+        and "and relabel the data: eaglewire data relabel --data " in f.fix
     )
     # serving is judged against what the draft really reads: its export (ids for [2, 6, 9]) is wrong
     ids = found["serving.sglang.layer_ids"]

@@ -2,6 +2,8 @@
 
 The cases live in `cases_*.py` beside this module (one file per area: doctor, outputs, weights,
 inputs, verdicts); `harness.py` says what each case asserts and `workspace.py` what it runs on.
+The cases start in the background right after collection (`conftest.py`, `background.py`) and
+these tests, run last, collect their outcomes.
 """
 
 from __future__ import annotations
@@ -10,50 +12,33 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import Case, Outcome, check, console_script, run_case
-from tests.faults.workspace import all_cases, build_base
+from tests.faults import background
+from tests.faults.background import Background
+from tests.faults.harness import Case, check, console_script
+from tests.faults.workspace import all_cases
 
 CASES = all_cases()
-# Subprocesses side by side: each is mostly Python start-up and tiny forwards on one thread.
-WORKERS = max(2, min(4, (os.cpu_count() or 2) + 1))
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_base(tmp_path_factory.mktemp("fault-base") / "ws")
+def running() -> Background:
+    started = background.started()
+    assert started is not None, "tests/faults/conftest.py starts the cases after collection"
+    return started
 
 
 @pytest.fixture(scope="module")
-def outcomes(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base: Path
-) -> Iterator[dict[str, Future[Outcome]]]:
-    """Start every selected case at once; each test waits for its own."""
-    selected = {
-        item.callspec.params["case"].name
-        for item in request.session.items
-        if getattr(item, "callspec", None) is not None and isinstance(item.callspec.params.get("case"), Case)
-    }
-    root = tmp_path_factory.mktemp("fault-cases")
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        futures = {
-            c.name: pool.submit(run_case, c, base, root / c.name.replace(":", "-").replace("/", "-"))
-            for c in CASES
-            if c.name in selected
-        }
-        yield futures
-        for f in futures.values():
-            f.cancel()
+def base(running: Background) -> Path:
+    return running.base.result()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_fault(case: Case, outcomes: dict[str, Future[Outcome]]) -> None:
-    check(outcomes[case.name].result())
+def test_fault(case: Case, running: Background) -> None:
+    check(running.outcomes[case.name].result())
 
 
 def test_interrupted_exits_130(base: Path, tmp_path: Path) -> None:

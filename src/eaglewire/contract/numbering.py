@@ -1,4 +1,5 @@
 """Boundary indices and every engine's layer-id numbering: the only place that adds or subtracts 1.
+(Over 500 lines on purpose: most of it is the cited table of engine rules, which is one concern.)
 
 A **boundary** `b` is the residual stream after `b` decoder layers: `b = 0` is the embedding
 output, `b = L` the last decoder layer's output before the final norm. "Output of decoder
@@ -477,6 +478,17 @@ class EngineReading:
             return f"{self.label}: {shown}: {self.problem}"
         out = f"{self.label}: {shown} -> boundaries {list(self.boundaries)}"
         return out + (f" ({self.problem})" if self.problem else "")
+
+
+def capturable_boundaries(engine: Engine | str, architecture: str, num_layers: int) -> tuple[int, int] | None:
+    """(lowest, highest) boundary that every release read of `engine` captures on this target; None
+    when no release serves an EAGLE-3 draft for the architecture."""
+    rows = [r for r in engine_rules(engine, architecture) if r.numbering is not None]
+    if not rows:
+        return None
+    lowest = 1 if any(r.embedding for r in rows) else 0  # a release that cannot capture boundary 0
+    highest = num_layers - 1 if any(r.last_layer for r in rows) else num_layers  # nor boundary L
+    return lowest, highest
 
 
 def read_engine_ids(rule: EngineRule, ids: Sequence[int] | None, num_layers: int) -> EngineReading:

@@ -40,7 +40,7 @@ from eaglewire.contract.fingerprint import (
     summarize,
     tolerance_for,
 )
-from eaglewire.contract.numbering import engine_ids, engine_rules
+from eaglewire.contract.numbering import capturable_boundaries, engine_ids, engine_rules
 from eaglewire.doctor.diagnosis import describe_boundaries, diagnose_aux
 from eaglewire.doctor.draft_source import IDS_KEY, SGLANG_NESTED, DraftSource
 from eaglewire.doctor.export_config_check import ENGINE_NAME, check_export_config
@@ -167,11 +167,10 @@ def _export_version(source: DraftSource, ids: Sequence[int] | None) -> str | Non
 
 def _id_range(engine: str, architecture: str, num_layers: int) -> str:
     """The boundaries every release read of this engine captures on this target (what valid ids may name)."""
-    rows = [r for r in engine_rules(engine, architecture) if r.numbering is not None]
-    if not rows:
+    capturable = capturable_boundaries(engine, architecture, num_layers)
+    if capturable is None:
         return f"none ({ENGINE_NAME[engine]} serves no EAGLE-3 draft for {architecture})"
-    lo = 1 if any(r.embedding for r in rows) else 0
-    hi = num_layers - 1 if any(r.last_layer for r in rows) else num_layers
+    lo, hi = capturable
     return f"ids naming boundaries {lo}..{hi} of this {num_layers}-layer target, in increasing order"
 
 

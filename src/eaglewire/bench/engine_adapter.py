@@ -34,6 +34,7 @@ class Outcome:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # prefill / draft / verify / accept
     accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
     emitted_per_round: list[int] = field(default_factory=list)  # tokens each produced, past the stop too
+    accepted_paths: list[list[int]] = field(default_factory=list)  # tree nodes each round accepted
 
 
 @dataclass
@@ -92,6 +93,7 @@ def speculative_fn(engine: Engine, spec: SpecArgs | None) -> Callable[[list[int]
             phase_seconds=dict(r.phase_times),
             accepted_per_round=list(r.accepted_per_round) if use_draft else [],
             emitted_per_round=list(r.emitted_per_round) if use_draft else [],
+            accepted_paths=[list(p) for p in r.accepted_paths] if use_draft else [],
         )
 
     return run

@@ -190,6 +190,7 @@ def measure_method(
                 phase_seconds=out.phase_seconds,
                 accepted_per_round=out.accepted_per_round,
                 emitted_per_round=out.emitted_per_round,
+                accepted_paths=out.accepted_paths,
                 category=prompt.category,
             )
         )

@@ -42,6 +42,7 @@ class PromptRun:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # the last timed run's
     accepted_per_round: list[int] = field(default_factory=list)  # the last timed run's (speculative only)
     emitted_per_round: list[int] = field(default_factory=list)  # its tokens per round, the last past the stop
+    accepted_paths: list[list[int]] = field(default_factory=list)  # its tree nodes accepted per round, root first
     category: str = ""  # the prompt's category (MT-bench's writing, math, ...), "" when it has none
 
     @property
@@ -69,6 +70,7 @@ class PromptRun:
             "phase_seconds": self.phase_seconds,
             "accepted_per_round": self.accepted_per_round,
             "emitted_per_round": self.emitted_per_round,
+            "accepted_paths": self.accepted_paths,
             "finish_reason": self.finish_reason,
             "category": self.category,
             "text": self.text,
@@ -92,6 +94,7 @@ class PromptRun:
             phase_seconds={str(k): float(v) for k, v in data.get("phase_seconds", {}).items()},
             accepted_per_round=[int(x) for x in data.get("accepted_per_round", [])],
             emitted_per_round=[int(x) for x in data.get("emitted_per_round", [])],
+            accepted_paths=[[int(x) for x in p] for p in data.get("accepted_paths", [])],
             category=str(data.get("category", "")),
         )
 

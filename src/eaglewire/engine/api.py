@@ -53,6 +53,8 @@ class GenerationResult:
     accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
     emitted_per_round: list[int] = field(default_factory=list)  # tokens each produced (bonus incl.; the
     # last round's may run past max_new_tokens / eos: token_ids is cut there, these are not)
+    accepted_paths: list[list[int]] = field(default_factory=list)  # tree nodes each round accepted (root
+    # first): what a scale-model benchmark replays (benchmarks/scale_model.py)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,6 +236,7 @@ class SpeculativeDecoder:
             prompt_tokens=len(prompt_ids),
             accepted_per_round=list(trace.accepted_per_round),
             emitted_per_round=list(trace.emitted_per_round),
+            accepted_paths=[list(p) for p in trace.accepted_paths],
         )
 
     def _decode(self, ids: list[int]) -> str:

@@ -56,6 +56,7 @@ class DecodeTrace:
     finish_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "cancelled" (on_round said stop)
     accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
     emitted_per_round: list[int] = field(default_factory=list)  # tokens it produced, bonus included
+    accepted_paths: list[list[int]] = field(default_factory=list)  # tree nodes each accepted, root first
     phase_seconds: dict[str, float] = field(default_factory=dict)
     loop: str = "lockstep"  # "lockstep" | "launch_ahead": which round loop ran (module doc)
     on_round: RoundCallback | None = field(default=None, repr=False, compare=False)  # module doc
@@ -69,6 +70,7 @@ class DecodeTrace:
         True when the generation ends here (`finish_reason` then says why)."""
         self.accepted_per_round.append(verdict.num_accepted_drafts)
         self.emitted_per_round.append(len(verdict.emitted))
+        self.accepted_paths.append(list(verdict.path))
         kept, finish = stop.cut(self.token_ids, verdict.emitted)
         self.token_ids.extend(kept)
         if finish is not None:

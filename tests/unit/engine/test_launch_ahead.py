@@ -44,6 +44,9 @@ def assert_same(lockstep: DecodeTrace, ahead: DecodeTrace) -> None:
     assert ahead.finish_reason == lockstep.finish_reason
     assert ahead.accepted_per_round == lockstep.accepted_per_round
     assert ahead.emitted_per_round == lockstep.emitted_per_round
+    assert ahead.accepted_paths == lockstep.accepted_paths
+    assert [len(path) - 1 for path in lockstep.accepted_paths] == lockstep.accepted_per_round
+    assert all(path[0] == 0 and path == sorted(path) for path in lockstep.accepted_paths)  # root first
 
 
 @pytest.mark.parametrize("shape", sorted(SPECS))

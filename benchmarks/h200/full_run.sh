@@ -46,6 +46,12 @@
 #               accuracy by the target's confidence on MT-bench, held-out chitchat, and the quickstart's own
 #               Magpie prompts, trained on and held out (CONFIDENCE_ARGS: more flags); then `eaglewire eval` on
 #               the first 256 training records (fit_train.json: the fit on the exact text trained on)
+#   served      benchmarks/served_overhead.py: plain, the chain of 5 and the 8x12x128 tree on all 80 MT-bench
+#               questions in-process and through `eaglewire serve` (HTTP), then `doctor --served` against a correct
+#               and a miswired live server (SERVED_ARGS: more flags)
+#   traces      `eaglewire bench` runs whose bench.json keep each round's accepted tree nodes (TRACE_RUNS:
+#               "set:first-N:methods" or "set:N:tree=SxKxN" / "set:N:chain=K"): the headline user-eval row and the
+#               traces benchmarks/scale_model.py replays at the 8B shape
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #
@@ -56,7 +62,7 @@
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, ROUND_KERNELS_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
 # LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, CHAIN_BENCH_SETS, CONFIDENCE_ARGS, CONFIDENCE_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
-# SWEEP_EVAL_RECORDS.
+# SWEEP_EVAL_RECORDS, SERVED_ARGS, SERVED_TIMEOUT_S, TRACE_RUNS.
 set -uo pipefail
 
 SMOL="${SMOL:-$HOME/smol}"
@@ -387,6 +393,50 @@ do_export() {
   return "$rc"
 }
 
+do_served() {
+  # Serving over HTTP against the engine in-process on the same prompts (plain, chain, tree), then the doctor
+  # against a correct and a miswired live server (benchmarks/served_overhead.py; issue 45 item 5).
+  local d out="$results/served.json" tiny=()
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: served skipped"; return 1; }
+  [ -f "$out" ] && { say "served results exist: $out"; return 0; }
+  [ "$TINY" = 1 ] && tiny=(--tiny)
+  # shellcheck disable=SC2086 # SERVED_ARGS: extra flags, word-split on purpose
+  timeout "${SERVED_TIMEOUT_S:-900}" "$PY" benchmarks/served_overhead.py "${tiny[@]}" --target "$target" --draft "$d" \
+    --prompts mt-bench --max-new-tokens 256 --work "$runs/served" --out "$out" ${SERVED_ARGS:-} 2>&1 \
+    | grep -v "Loading weights" | tail -n 30
+  local rc=${PIPESTATUS[0]}
+  for f in "$runs/served"/doctor_*.txt; do [ -f "$f" ] && cp "$f" "$results/served_$(basename "$f")"; done
+  return "$rc"
+}
+
+do_traces() {
+  # Per-round acceptance traces (accepted tree nodes) of the trained draft on MT-bench for more settings than
+  # the served step's, and the headline sets (HEADLINE_SETS): what benchmarks/scale_model.py replays at the
+  # 8B shape, and BENCHMARKS.md's first rows. Each bench.json goes to $results/traces_<set>_<setting>/.
+  local d spec name n setting flags rc=0 tokens=256
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: traces skipped"; return 1; }
+  [ "$TINY" = 1 ] && tokens=8
+  for spec in ${TRACE_RUNS:-"user-eval:0:plain,eagle-chain,eagle-tree" "mt-bench:40:tree=8x8x64" "mt-bench:40:tree=6x8x32" "mt-bench:40:chain=3"}; do
+    IFS=: read -r name n setting <<< "$spec"
+    case "$setting" in
+      tree=*) IFS=x read -r s k m <<< "${setting#tree=}"; flags=(--methods eagle-tree --num-steps "$s" --topk "$k" --num-draft-tokens "$m") ;;
+      chain=*) flags=(--methods eagle-chain --chain-steps "${setting#chain=}") ;;
+      *) flags=(--methods "$setting" --chain-steps 5 --num-steps 8 --topk 12 --num-draft-tokens 128) ;;
+    esac
+    local tag="${name}_${setting//[=,]/-}"
+    [ -f "$results/traces_$tag/bench.json" ] && { say "traces $tag already done"; continue; }
+    "$PY" -m eaglewire bench --target "$target" --draft "$d" --prompts "$name" --num-prompts "$n" "${flags[@]}" \
+      --max-new-tokens "$tokens" --repeats 1 --no-plots --no-served-prediction --out "$runs/traces/$tag" 2>&1 \
+      | grep --line-buffered -v "Loading weights" | tail -n 12
+    if [ "${PIPESTATUS[0]}" = 0 ]; then
+      mkdir -p "$results/traces_$tag" && cp "$runs/traces/$tag"/bench.{json,md} "$results/traces_$tag/"
+    else
+      rc=1
+    fi
+  done
+  return "$rc"
+}
+
 say "full_run: mode=$([ "$TINY" = 1 ] && echo tiny || echo gpu) SMOL=$SMOL repo=$repo py=$PY"
 step env do_env
 step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
@@ -395,7 +445,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests)
+    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests | served | traces)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

@@ -7,11 +7,13 @@ import json
 import re
 from collections import Counter
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eaglewire.bench.prompts import MT_BENCH_FILE, USER_EVAL_FILE, load_mt_bench, load_prompt_set
-from eaglewire.errors import ConfigError
+from eaglewire.errors import ConfigError, DataFormatError
 
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SHINGLE_WORDS = 12
@@ -77,3 +79,46 @@ def test_no_twelve_word_overlap_with_builtin_training_data(name: str) -> None:
     except ConfigError as e:  # the source package is not installed here
         pytest.skip(str(e))
     assert _overlaps([m.content for c in convs for m in c.messages]) == []
+
+
+def test_bench_sets_with_their_own_ids_are_held_out_whole() -> None:
+    # The data side keeps its own list (data must not import bench); this ties the two together.
+    from eaglewire.data.builtin import EVAL_ONLY_ID_PREFIXES, heldout_split
+
+    assert {
+        p.prompt_id.split(":")[0] + ":" for s in ("mt-bench", "user-eval") for p in load_prompt_set(s).prompts
+    } == set(EVAL_ONLY_ID_PREFIXES)
+    assert heldout_split("user-eval:math-03") == "eval" and heldout_split("mt-bench:81") == "eval"
+
+
+def test_nothing_trains_on_user_eval(tmp_path: Path) -> None:
+    """`data build` (the step every training set passes through) refuses the set by name, and refuses
+    a file of answers made for its prompts (regeneration keeps the ids); --split eval still builds."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli import app
+    from tests.helpers.tiny import make_tiny_target, save_tiny_target
+
+    target_dir = save_tiny_target(make_tiny_target("llama", num_layers=2), tmp_path / "target")
+    answered = tmp_path / "answered.jsonl"
+    rows = [
+        {
+            "id": r["id"],
+            "messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": "ok"}],
+        }
+        for r in _rows()[:3]
+    ]
+    answered.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runner = CliRunner()
+
+    def build(spec: str, *extra: str) -> Any:
+        args = ["data", "build", "--target", str(target_dir), "--input", spec, "--no-progress", *extra]
+        return runner.invoke(app, [*args, "--out", str(tmp_path / f"ds{len(extra)}")])
+
+    # run_app turns these EaglewireErrors into exit 2; the runner hands back the exception itself.
+    by_name = build("user-eval").exception
+    assert isinstance(by_name, ConfigError) and "evaluation only" in str(by_name)
+    as_file = build(str(answered)).exception
+    assert isinstance(as_file, DataFormatError) and "held-out evaluation split" in str(as_file)
+    as_eval = build(str(answered), "--split", "eval")
+    assert as_eval.exit_code == 0, as_eval.output

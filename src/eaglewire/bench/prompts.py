@@ -36,6 +36,10 @@ USER_EVAL_FILE = "user_eval.jsonl"
 BUILTIN_PROMPT_SETS = ("chitchat-eval", "humaneval-eval", "mt-bench", "user-eval")
 # Prompts written like a user's, not drawn from any training set's distribution: reports list them first.
 USER_LIKE_PROMPT_SETS = ("mt-bench", "user-eval")
+# Held out of the training sets' own distribution: their acceptance overstates what a user's prompts get.
+IN_DISTRIBUTION_PROMPT_SETS = ("chitchat-eval", "humaneval-eval")
+USER_LIKE = "user-like"
+IN_DISTRIBUTION = "in-distribution held-out"
 _BUILTIN_DATA_SETS = {"chitchat-eval": "chitchat", "humaneval-eval": "humaneval"}
 
 
@@ -68,6 +72,13 @@ class PromptSet:
         if n < 0:
             raise ConfigError(f"num_prompts: expected >= 0, got {n}")
         return PromptSet(self.name, self.prompts[:n])
+
+
+def prompt_set_kind(name: str) -> str:
+    """How a report labels the built-in set `name`: USER_LIKE, IN_DISTRIBUTION, or '' (a file)."""
+    if name in USER_LIKE_PROMPT_SETS:
+        return USER_LIKE
+    return IN_DISTRIBUTION if name in IN_DISTRIBUTION_PROMPT_SETS else ""
 
 
 def _first_user_turn(messages: Sequence[tuple[str, str]], where: str) -> tuple[tuple[str, str], ...]:

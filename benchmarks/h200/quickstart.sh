@@ -9,7 +9,7 @@ timeout "${BUDGET_S:-560}" python3 -m eaglewire quickstart --preset gpu --out "$
 rc=${PIPESTATUS[0]}
 if [ -n "${OUT:-}" ]; then
   cp "$run"/gpu/summary.json "$run"/gpu/*.json "$OUT"/ 2>/dev/null || true
-  for s in chitchat-eval humaneval-eval mt-bench mt-bench-all; do
+  for s in mt-bench-all user-eval-all chitchat-eval humaneval-eval mt-bench; do
     [ -f "$run/gpu/decode/$s/bench.md" ] && cp "$run/gpu/decode/$s/bench.md" "$OUT/bench-$s.md"
   done
   tar -C "$run/gpu" -czf "$OUT/decode.tgz" decode 2>/dev/null || true

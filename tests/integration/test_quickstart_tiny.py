@@ -66,6 +66,7 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
         assert manifest["complete"] and manifest["num_tokens"] == data[split]["tokens"]
         assert data[split]["capture"]["shards"] == len(manifest["shards"])
     decode = summary["decode"]["chitchat-eval"]
+    assert summary["prompt_set_kind"] == {"chitchat-eval": "in-distribution held-out"}  # labelled as such
     assert {"plain", "eagle-chain", "eagle-tree"} <= set(decode)
     for method in ("eagle-chain", "eagle-tree"):  # float32: speculative greedy text == plain greedy text
         assert decode[method]["identical_to_plain"] is True

@@ -7,9 +7,13 @@ Built-in names (every one is evaluation-only, never trained on):
 | `chitchat-eval`  | `eaglewire.data.builtin.load_builtin("chitchat", split="eval")`           |
 | `humaneval-eval` | `eaglewire.data.builtin.load_builtin("humaneval", split="eval")`          |
 | `mt-bench`       | first turns of the 80 MT-bench questions (package data, FastChat 0e6d3e4b) |
+| `user-eval`      | 84 instructions written for eaglewire in MT-bench's 8 categories (package data) |
+
+`mt-bench` and `user-eval` are user-like; `chitchat-eval` and `humaneval-eval` are held out from the
+training sets' own distribution, so their acceptance is higher than a user's prompts get.
 
 A JSONL file holds one row per line, in any of these shapes (detected per row):
-`{"prompt": "...", "system": "..."}`, OpenAI `{"messages": [...]}`, ShareGPT `{"conversations": [...]}`
+`{"prompt": "...", "system": "...", "category": "..."}`, OpenAI `{"messages": [...]}`, ShareGPT `{"conversations": [...]}`
 (both cut after the first user message), or an MT-bench row `{"question_id", "category", "turns"}`
 (its first turn). A prompt is the system messages before the first user message plus that message:
 the benchmark measures the first answer.
@@ -28,7 +32,14 @@ from eaglewire.errors import ConfigError, DataFormatError
 
 MT_BENCH_FILE = "mt_bench_questions.jsonl"
 MT_BENCH_COUNT = 80
-BUILTIN_PROMPT_SETS = ("chitchat-eval", "humaneval-eval", "mt-bench")
+USER_EVAL_FILE = "user_eval.jsonl"
+BUILTIN_PROMPT_SETS = ("chitchat-eval", "humaneval-eval", "mt-bench", "user-eval")
+# Prompts written like a user's, not drawn from any training set's distribution: reports list them first.
+USER_LIKE_PROMPT_SETS = ("mt-bench", "user-eval")
+# Held out of the training sets' own distribution: their acceptance overstates what a user's prompts get.
+IN_DISTRIBUTION_PROMPT_SETS = ("chitchat-eval", "humaneval-eval")
+USER_LIKE = "user-like"
+IN_DISTRIBUTION = "in-distribution held-out"
 _BUILTIN_DATA_SETS = {"chitchat-eval": "chitchat", "humaneval-eval": "humaneval"}
 
 
@@ -63,6 +74,13 @@ class PromptSet:
         return PromptSet(self.name, self.prompts[:n])
 
 
+def prompt_set_kind(name: str) -> str:
+    """How a report labels the built-in set `name`: USER_LIKE, IN_DISTRIBUTION, or '' (a file)."""
+    if name in USER_LIKE_PROMPT_SETS:
+        return USER_LIKE
+    return IN_DISTRIBUTION if name in IN_DISTRIBUTION_PROMPT_SETS else ""
+
+
 def _first_user_turn(messages: Sequence[tuple[str, str]], where: str) -> tuple[tuple[str, str], ...]:
     """System messages before the first user message, plus that message."""
     out: list[tuple[str, str]] = []
@@ -87,7 +105,10 @@ def parse_prompt_row(row: Any, *, where: str, default_id: str) -> BenchPrompt:
 
     rid, msgs = parse_row(row, where=where)
     pairs = [(m.role, m.content) for m in msgs]
-    return BenchPrompt(rid or default_id, _first_user_turn(pairs, where))
+    category = row.get("category") if isinstance(row, dict) else None
+    return BenchPrompt(
+        rid or default_id, _first_user_turn(pairs, where), category if isinstance(category, str) else ""
+    )
 
 
 def read_prompt_file(path: Path) -> PromptSet:
@@ -114,24 +135,36 @@ def read_prompt_file(path: Path) -> PromptSet:
     return PromptSet(str(path), tuple(prompts))
 
 
-def load_mt_bench() -> PromptSet:
-    """The first turns of the 80 MT-bench questions shipped as package data."""
-    source = resources.files("eaglewire.bench").joinpath("data").joinpath(MT_BENCH_FILE)
+def _package_prompts(file_name: str) -> list[BenchPrompt]:
+    source = resources.files("eaglewire.bench").joinpath("data").joinpath(file_name)
     prompts = []
     for lineno, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
             prompts.append(
-                parse_prompt_row(json.loads(line), where=f"{MT_BENCH_FILE}:{lineno}", default_id=str(lineno))
+                parse_prompt_row(json.loads(line), where=f"{file_name}:{lineno}", default_id=str(lineno))
             )
+    return prompts
+
+
+def load_mt_bench() -> PromptSet:
+    """The first turns of the 80 MT-bench questions shipped as package data."""
+    prompts = _package_prompts(MT_BENCH_FILE)
     if len(prompts) != MT_BENCH_COUNT:
         raise DataFormatError(f"{MT_BENCH_FILE}: expected {MT_BENCH_COUNT} questions, got {len(prompts)}")
     return PromptSet("mt-bench", tuple(prompts))
 
 
+def load_user_eval() -> PromptSet:
+    """The instructions of bench/data/user_eval.jsonl (evaluation only: never trained or tuned on)."""
+    return PromptSet("user-eval", tuple(_package_prompts(USER_EVAL_FILE)))
+
+
 def load_builtin_prompts(name: str) -> PromptSet:
-    """`chitchat-eval` / `humaneval-eval` (held-out splits of the data sets) or `mt-bench`."""
+    """`chitchat-eval` / `humaneval-eval` (held-out splits of the data sets), `mt-bench` or `user-eval`."""
     if name == "mt-bench":
         return load_mt_bench()
+    if name == "user-eval":
+        return load_user_eval()
     if name not in _BUILTIN_DATA_SETS:
         raise ConfigError(f"unknown built-in prompt set {name!r}; known: {', '.join(BUILTIN_PROMPT_SETS)}")
     from eaglewire.data.builtin import load_builtin

@@ -87,7 +87,7 @@ def bench(
     prompts: str = typer.Option(
         "mt-bench",
         "--prompts",
-        help='chitchat-eval | humaneval-eval | mt-bench | a JSONL file ({"prompt"}, messages, MT-bench rows)',
+        help='mt-bench | user-eval | chitchat-eval | humaneval-eval | a JSONL file ({"prompt"}, messages, MT-bench rows)',
     ),
     num_prompts: int = typer.Option(0, "--num-prompts", help="use the first N prompts (0 = all)"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="tokens generated per prompt at most"),

@@ -67,7 +67,7 @@ def doctor(
     prompts: str = typer.Option(
         None,
         "--prompts",
-        help="with --served: a JSONL prompt file or a built-in set (mt-bench, humaneval-eval, chitchat-eval); "
+        help="with --served: a JSONL prompt file or a built-in set (mt-bench, user-eval, humaneval-eval, chitchat-eval); "
         "default: 6 MT-bench first turns and 4 held-out HumanEval prompts",
     ),
     num_prompts: int = typer.Option(

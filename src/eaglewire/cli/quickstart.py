@@ -41,12 +41,14 @@ def _same(identical: bool | None, explained: bool | None) -> str:
 
 def show_summary(summary: dict[str, Any]) -> None:
     rows = []
+    kinds = summary.get("prompt_set_kind", {})  # older (resumed) run directories have none
     for prompt_set, methods in summary["decode"].items():
-        for method, r in methods.items():
+        for i, (method, r) in enumerate(methods.items()):
             same = r.get("identical_to_plain")
             rows.append(
                 [
                     prompt_set,
+                    kinds.get(prompt_set, "") if i == 0 else "",
                     method,
                     _fmt(r["tokens_per_s"], ".1f"),
                     _fmt(r["tau"]),
@@ -59,9 +61,11 @@ def show_summary(summary: dict[str, Any]) -> None:
             )
     print_table(
         "quickstart: held-out decoding (greedy)",
-        ["prompts", "method", "tok/s", "tau", "pred", "speedup", "decode", "same"],
+        ["prompts", "kind", "method", "tok/s", "tau", "pred", "speedup", "decode", "same"],
         rows,
-        caption="pred: tau predicted offline on the served text; decode: the decode-only speedup; "
+        caption="kind: user-like prompts (the headline) or held out of the training sets' own distribution "
+        "(in-distribution held-out: their tau overstates a user's); "
+        "pred: tau predicted offline on the served text; decode: the decode-only speedup; "
         "same: greedy text equal to plain (ties: it parts only where the target's two best tokens "
         "are nearly tied, the dtype's rounding, or where plain's own decode drifted from the target's "
         "forward; NO: the target clearly prefers plain's token there, a bug in this method)",

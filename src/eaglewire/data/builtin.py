@@ -10,7 +10,9 @@
 on the record id, never on the package version, file order, Python's hash seed or the set's
 size, so a record never moves between splits. Nothing in 'eval' is ever trained on: the
 loaders return only the requested split, and `eaglewire data build` refuses a training set
-that contains a held-out id (`heldout_ids`).
+that contains a held-out id (`heldout_ids`). The benchmark's own prompt sets (`mt-bench:<n>`,
+`user-eval:<category>-<nn>` ids, eaglewire.bench.prompts) are 'eval' whole, so a file made from
+them (e.g. answers regenerated for user_eval.jsonl, which keep its ids) is refused the same way.
 
 chitchat: each conversation's messages are grouped by sender; the first sender becomes the
 user and the other the assistant; a sender's consecutive utterances are joined with newlines.
@@ -38,6 +40,8 @@ BUILTIN_SETS = ("chitchat", "humaneval", "magpie")
 BUILTIN_PREFIX = "builtin:"
 EVAL_PERCENT = 5  # chitchat and magpie: buckets 0..4 of 100 are held out
 HUMANEVAL_EVAL_MODULUS = 5  # humaneval: problem numbers divisible by 5 are held out
+# Ids of the benchmark prompt sets (eaglewire.bench.prompts): evaluation only, every one held out.
+EVAL_ONLY_ID_PREFIXES = ("mt-bench:", "user-eval:")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
 _HUMANEVAL_ID = re.compile(r"^humaneval:HumanEval/(\d+)$")
 
@@ -61,6 +65,8 @@ def heldout_split(record_id: str) -> Literal["train", "eval"] | None:
         return "eval" if int(m.group(1)) % HUMANEVAL_EVAL_MODULUS == 0 else "train"
     if record_id.startswith(("chitchat:", "magpie:")):
         return "eval" if stable_bucket(record_id) < EVAL_PERCENT else "train"
+    if record_id.startswith(EVAL_ONLY_ID_PREFIXES):
+        return "eval"
     return None
 
 

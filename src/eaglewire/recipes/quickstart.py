@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eaglewire.bench.prompts import USER_LIKE
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.outputs import OutputKind, claim_output_dir
 from eaglewire.recipes.presets import QuickstartPreset, train_config
 from eaglewire.recipes.quickstart_data import stage_data, training_data_dir
-from eaglewire.recipes.quickstart_decode import heldout_tau, served_tau_chain, stage_decode
+from eaglewire.recipes.quickstart_decode import heldout_tau, prompt_set_kinds, served_tau_chain, stage_decode
 from eaglewire.recipes.resume import STAGES, check_resume, preset_json
 
 if TYPE_CHECKING:
@@ -257,6 +258,7 @@ def _run_stages(run: QuickstartRun) -> dict[str, Any]:
     )
     run.stage("export", lambda: stage_export(run, draft_dir))
     doctored = run.stage("doctor", lambda: stage_doctor(run))
+    kinds = prompt_set_kinds(run.preset)
     summary = {
         "preset": run.preset.name,
         "stage_seconds": {s.name: s.seconds for s in run.stages},
@@ -265,7 +267,9 @@ def _run_stages(run: QuickstartRun) -> dict[str, Any]:
         "heldout_predicted_tau": heldout_tau(decoded),  # per speculative method, at the decode horizon
         "heldout_prediction_method": heldout_tau(decoded, "heldout_prediction_method"),
         "served_predicted_tau_chain": served_tau_chain(decoded),  # per prompt set, on the text it served
-        "decode": decoded,
+        # user-like sets first (mt-bench, user-eval: the headline), each set labelled by prompt_set_kind
+        "decode": {k: decoded[k] for k in sorted(decoded, key=lambda k: kinds.get(k) != USER_LIKE)},
+        "prompt_set_kind": kinds,
         "doctor_ok": all(v["ok"] for v in doctored.values()),
         "out_dir": str(run.out_dir),
     }

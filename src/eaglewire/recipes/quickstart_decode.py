@@ -105,7 +105,9 @@ def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
     """Every prompt set's first decode_prompts (a set in whole_sets: every prompt instead, as
     '<set>-all'), then the sets that also time the transformers baselines (their first
     hf_baseline_prompts, under the set's own name): those take minutes on a GPU, so a run cut short
-    by its time budget has lost only them."""
+    by its time budget has lost only them. User-like sets (mt-bench, user-eval) go first: the headline."""
+    from eaglewire.bench.prompts import USER_LIKE, prompt_set_kind
+
     firsts = [
         DecodeRun(name, name, preset.decode_prompts, False)
         for name in preset.prompt_sets
@@ -117,7 +119,15 @@ def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
         for name in preset.prompt_sets
         if name in preset.hf_baseline_sets
     ]
-    return firsts + wholes + baselines
+    ours = sorted(firsts + wholes, key=lambda r: prompt_set_kind(r.prompt_set) != USER_LIKE)  # stable
+    return ours + baselines
+
+
+def prompt_set_kinds(preset: QuickstartPreset) -> dict[str, str]:
+    """Each decode run's label in the summary: user-like (the headline) or in-distribution held-out."""
+    from eaglewire.bench.prompts import prompt_set_kind
+
+    return {r.name: prompt_set_kind(r.prompt_set) for r in decode_runs(preset)}
 
 
 def _explained(mismatches: list[Mismatch] | None) -> bool | None:

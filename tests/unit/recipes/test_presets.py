@@ -130,28 +130,34 @@ def test_sets_outside_prompt_sets_are_refused_naming_both_fields():
         get_preset("tiny", hf_baseline_sets=("humaneval-eval",))
 
 
-def test_decode_runs_take_each_sets_first_prompts_then_the_whole_sets_then_the_baselines():
+def test_decode_runs_take_the_user_like_sets_first_then_the_in_distribution_ones_then_the_baselines():
     from eaglewire.bench.prompts import MT_BENCH_COUNT, load_prompt_set
-    from eaglewire.recipes.quickstart_decode import DecodeRun, decode_runs
+    from eaglewire.recipes.quickstart_decode import DecodeRun, decode_runs, prompt_set_kinds
 
     gpu = PRESETS["gpu"]
     runs = decode_runs(gpu)
     assert runs == [
+        DecodeRun("mt-bench-all", "mt-bench", None, False),  # our decoders on all 80, no baselines
+        DecodeRun("user-eval-all", "user-eval", None, False),  # all 84: the file is grouped by category
         DecodeRun("chitchat-eval", "chitchat-eval", gpu.decode_prompts, False),
         DecodeRun("humaneval-eval", "humaneval-eval", gpu.decode_prompts, False),
-        DecodeRun("mt-bench-all", "mt-bench", None, False),  # our decoders on all 80, no baselines
         DecodeRun("mt-bench", "mt-bench", gpu.hf_baseline_prompts, True),  # the slow baselines last
     ]
-    whole = load_prompt_set(runs[2].prompt_set, runs[2].num_prompts)
+    assert prompt_set_kinds(gpu) == {
+        "mt-bench-all": "user-like", "user-eval-all": "user-like", "mt-bench": "user-like",
+        "chitchat-eval": "in-distribution held-out", "humaneval-eval": "in-distribution held-out",
+    }  # fmt: skip
+    whole = load_prompt_set(runs[0].prompt_set, runs[0].num_prompts)
     assert len(whole.prompts) == MT_BENCH_COUNT
-    first = load_prompt_set(runs[3].prompt_set, runs[3].num_prompts)
+    first = load_prompt_set(runs[4].prompt_set, runs[4].num_prompts)
     assert [p.prompt_id for p in whole.prompts[: gpu.hf_baseline_prompts]] == [
         p.prompt_id for p in first.prompts
     ]
     # without the baselines (quickstart --skip-hf-baselines) a whole set is decoded once, whole
     skipped = decode_runs(get_preset("gpu", hf_baseline_sets=()))
     assert [(r.name, r.num_prompts) for r in skipped] == [
-        ("chitchat-eval", gpu.decode_prompts), ("humaneval-eval", gpu.decode_prompts), ("mt-bench-all", None),
+        ("mt-bench-all", None), ("user-eval-all", None),
+        ("chitchat-eval", gpu.decode_prompts), ("humaneval-eval", gpu.decode_prompts),
     ]  # fmt: skip
     # a baseline set that is not decoded whole keeps one run; hf_baseline_prompts=0 means decode_prompts
     cpu_hf = decode_runs(get_preset("cpu", hf_baseline_sets=("humaneval-eval",)))

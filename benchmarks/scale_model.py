@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -47,24 +46,24 @@ import torch
 if __package__ in (None, ""):  # run as a file: make the sibling benchmark modules importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_speed import SHAPES, build_target, time_ms, verify_costs  # noqa: E402
+from benchmarks.engine_speed import SHAPES, build_target, time_ms, verify_costs
 
-from eaglewire.bench.report import describe_device, now_iso  # noqa: E402
-from eaglewire.bench.timing import Stopwatch  # noqa: E402
-from eaglewire.cli.common import run_script  # noqa: E402
-from eaglewire.contract.numbering import default_boundaries  # noqa: E402
-from eaglewire.draft.config import draft_config_for_target  # noqa: E402
-from eaglewire.draft.model import Eagle3Draft  # noqa: E402
-from eaglewire.engine.api import SpeculativeDecoder  # noqa: E402
-from eaglewire.engine.drafting import Drafter  # noqa: E402
-from eaglewire.engine.forced import ForcedAcceptance  # noqa: E402
-from eaglewire.engine.plain import generate_plain_with_stats  # noqa: E402
-from eaglewire.engine.sampling import SamplingParams  # noqa: E402
-from eaglewire.engine.spec_args import SpecArgs  # noqa: E402
-from eaglewire.errors import ConfigError  # noqa: E402
-from eaglewire.io_utils import atomic_write_json  # noqa: E402
-from eaglewire.target.loading import LoadedTarget  # noqa: E402
-from eaglewire.target.runtime.runner import FastTargetRunner  # noqa: E402
+from eaglewire.bench.report import describe_device, now_iso
+from eaglewire.bench.timing import Stopwatch
+from eaglewire.cli.common import run_script
+from eaglewire.contract.numbering import default_boundaries
+from eaglewire.draft.config import draft_config_for_target
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.engine.api import SpeculativeDecoder
+from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.forced import ForcedAcceptance
+from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.engine.sampling import SamplingParams
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import ConfigError
+from eaglewire.io_utils import atomic_write_json
+from eaglewire.target.loading import LoadedTarget
+from eaglewire.target.runtime.runner import FastTargetRunner
 
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "smollm2-135m": 32000, "tiny": 256}
 KEY_SUFFIX = {"llama-3.1-8b": "8b", "smollm2-135m": "135m", "tiny": "tiny"}  # scale.json key names
@@ -162,7 +161,9 @@ def synthetic_bench(path: Path, *, num_prompts: int = 2, seed: int = 0) -> Path:
                 depth = rng.randint(0, spec.num_steps)
                 paths.append(list(range(depth + 1)))
                 emitted += depth + 1
-            prompts.append({"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "accepted_paths": paths})
+            prompts.append(
+                {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "accepted_paths": paths}
+            )
         settings = {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens}
         rounds = [len(p) for pr in prompts for p in pr["accepted_paths"]]
         methods[name] = {"settings": settings, "tau": sum(rounds) / len(rounds), "prompts": prompts}
@@ -192,7 +193,7 @@ def draft_step_weight_bytes(draft: Eagle3Draft) -> int:
 
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes/s of a large device-to-device copy (read + write), the memory floor's bandwidth."""
-    numel = (256 if device.type == "cuda" else 16) * 1024 * 1024  # 1 GiB / 64 MiB of float32
+    numel = (256 if device.type == "cuda" else 4) * 1024 * 1024  # 1 GiB / 16 MiB of float32
     src = torch.randn(numel, device=device)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device, iters=5, repeats=5)
@@ -206,8 +207,7 @@ def random_prompt(length: int, vocab: int, seed: int) -> list[int]:
 
 def replay(
     ts: TraceSet,
-    runner: FastTargetRunner,
-    draft: Eagle3Draft,
+    decoder: SpeculativeDecoder,
     forced: ForcedAcceptance,
     watch: Stopwatch,
     plain_seconds: Callable[[list[int], int], float],
@@ -215,7 +215,7 @@ def replay(
 ) -> dict[str, Any]:
     """Every prompt of `ts` through the speculative loop with forced acceptance, and plain decoding
     of the same counts; projected tok/s and speed-up (prefill included in both, as `eaglewire bench`)."""
-    decoder = SpeculativeDecoder(runner, draft, ts.spec)  # no eos: every prompt runs its recorded tokens
+    runner = decoder.runner
     spec_s = plain_s = prefill_s = 0.0
     tokens = rounds = exact = same_length = recorded_rounds = 0
     for i, trace in enumerate(ts.prompts):
@@ -240,8 +240,11 @@ def replay(
         "source": ts.source,
         "method": ts.method,
         "setting": ts.label,
-        "settings": {"num_steps": ts.spec.num_steps, "topk": ts.spec.topk,
-                     "num_draft_tokens": ts.spec.num_draft_tokens},  # fmt: skip
+        "settings": {
+            "num_steps": ts.spec.num_steps,
+            "topk": ts.spec.topk,
+            "num_draft_tokens": ts.spec.num_draft_tokens,
+        },
         "tau_recorded": ts.tau_recorded,
         "tau_replayed_prompts": ts.tau_replayed,
         "num_prompts": len(ts.prompts),
@@ -261,23 +264,30 @@ def replay(
 
 
 def draft_parts(
-    draft: Eagle3Draft, target: LoadedTarget, specs: Sequence[SpecArgs], args: argparse.Namespace
+    drafter_for: Callable[[SpecArgs], Drafter],
+    target: LoadedTarget,
+    specs: Sequence[SpecArgs],
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     """ms of one draft round per setting (and per draft forward in it) and of an extend of
     EXTEND_ROWS rows, after a CONTEXT-row prefix (aux states random: values do not change cost)."""
     dev = target.device
-    width = draft.config.aux_width
+    width = drafter_for(specs[0]).draft.config.aux_width
     gen = torch.Generator().manual_seed(1)
     aux = torch.randn(CONTEXT, width, generator=gen).to(dev, target.dtype)
     tokens = torch.randint(3, target.vocab_size, (CONTEXT,), generator=gen).to(dev)
     out: dict[str, Any] = {}
     n = EXTEND_ROWS
     for spec in specs:
-        drafter = Drafter(draft, spec, max_seq_len=CONTEXT + 256)
+        drafter = drafter_for(spec)
+        drafter.reset()
         drafter.extend(aux[:-n], tokens[:-n], start_position=0)
         root, position = int(tokens[-n]), CONTEXT - n
         round_ms = time_ms(
-            lambda d=drafter: d.draft_tree(root, position, SamplingParams()), dev, args.iters, args.reps
+            lambda d=drafter, r=root, p=position: d.draft_tree(r, p, SamplingParams()),
+            dev,
+            args.iters,
+            args.reps,
         )
         forwards = max(spec.num_steps - 1, 1)  # the first step's logits come from the extend
 
@@ -297,18 +307,18 @@ def draft_parts(
 
 def components(
     runner: FastTargetRunner,
-    draft: Eagle3Draft,
+    drafter_for: Callable[[SpecArgs], Drafter],
     target: LoadedTarget,
     sets: Sequence[TraceSet],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     dev = target.device
     bandwidth = copy_bandwidth(dev)
-    weight_bytes = draft_step_weight_bytes(draft)
+    weight_bytes = draft_step_weight_bytes(drafter_for(SpecArgs.chain(5)).draft)
     floor_ms = weight_bytes / bandwidth * 1000
     chain = SpecArgs.chain(5)
     trees = sorted({ts.spec for ts in sets if not ts.spec.is_chain}, key=lambda s: s.num_draft_tokens)
-    parts = draft_parts(draft, target, [chain, *trees], args)
+    parts = draft_parts(drafter_for, target, [chain, *trees], args)
     for row in parts.values():
         row["step_over_floor"] = row["step_ms"] / floor_ms
     prompt = torch.tensor([random_prompt(CONTEXT, runner.vocab_size, seed=99)], device=dev)
@@ -405,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.tiny:
         device, dtype, args.shape = torch.device("cpu"), torch.float32, "tiny"
+        # tiny matmuls: a second thread only adds synchronisation (10-100x slower on a busy machine)
+        torch.set_num_threads(1)
         args.iters, args.reps, args.warmup = 2, 1, 0
         if not args.traces:
             args.out.mkdir(parents=True, exist_ok=True)
@@ -413,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         if not args.traces:
-            raise ConfigError("--traces: expected at least one bench.json", fix="pass --traces FILE ... or --tiny")
+            raise ConfigError(
+                "--traces: expected at least one bench.json", fix="pass --traces FILE ... or --tiny"
+            )
     sets = read_traces(args.traces, args.num_prompts)
     target = build_target(args.shape, device, dtype)
     nodes = max(ts.spec.num_draft_tokens for ts in sets)
@@ -440,20 +454,37 @@ def main(argv: list[str] | None = None) -> int:
             ).seconds
         return plain_cache[key]
 
+    # one decoder (and drafter: a torch.compile and graph captures each) per setting, reused
+    decoders: dict[SpecArgs, SpeculativeDecoder] = {}
+
+    def decoder_for(spec: SpecArgs) -> SpeculativeDecoder:
+        if spec not in decoders:  # no eos: every prompt runs its recorded tokens
+            decoders[spec] = SpeculativeDecoder(runner, draft, spec)
+        return decoders[spec]
+
+    def drafter_for(spec: SpecArgs) -> Drafter:
+        drafter = decoder_for(spec).drafter
+        assert drafter is not None
+        return drafter
+
     rows = []
     for ts in sets:
-        rows.append(replay(ts, runner, draft, forced, watch, plain_seconds, args))
+        rows.append(replay(ts, decoder_for(ts.spec), forced, watch, plain_seconds, args))
         print(f"[{ts.label}] {json.dumps(rows[-1])}", flush=True)
     runner.forced_acceptance = None
-    parts = components(runner, draft, target, sets, args)
+    parts = components(runner, drafter_for, target, sets, args)
     result = {
         "meta": {
             "what": "projection: random weights at the shape, rounds replaying a trained draft's accepted paths",
             "shape": args.shape,
             "target_shape": SHAPES[args.shape],
-            "draft": {"hidden_size": draft.config.hidden_size, "intermediate_size": draft.config.intermediate_size,
-                      "draft_vocab_size": draft.config.draft_vocab_size, "layers": 1,
-                      "head_logit_std": args.head_logit_std},  # fmt: skip
+            "draft": {
+                "hidden_size": draft.config.hidden_size,
+                "intermediate_size": draft.config.intermediate_size,
+                "draft_vocab_size": draft.config.draft_vocab_size,
+                "layers": 1,
+                "head_logit_std": args.head_logit_std,
+            },  # fmt: skip
             "device": describe_device(device),
             "dtype": str(dtype).removeprefix("torch."),
             "torch": torch.__version__,

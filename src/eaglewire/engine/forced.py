@@ -57,7 +57,9 @@ class ForcedAcceptance:
         for i, path in enumerate(paths):
             if not path or path[0] != 0 or list(path) != sorted(set(path)):
                 raise ConfigError(
-                    expected_actual(f"accepted path of round {i}", "tree nodes, root (0) first, increasing", path),
+                    expected_actual(
+                        f"accepted path of round {i}", "tree nodes, root (0) first, increasing", path
+                    ),
                     fix="pass accepted_paths as `eaglewire bench` records them",
                 )
             if position >= self.capacity:

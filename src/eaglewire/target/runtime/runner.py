@@ -471,7 +471,9 @@ class FastTargetRunner:
             )
             if not greedy:
                 return logits, aux
-            paths = tree_greedy_paths(inp["input_ids"], inp.get("tree_mask"), logits, inp["positions"], forced)
+            paths = tree_greedy_paths(
+                inp["input_ids"], inp.get("tree_mask"), logits, inp["positions"], forced
+            )
             return logits, aux, paths
 
         graph = self._graphs.get(key, make_inputs, fn)

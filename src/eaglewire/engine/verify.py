@@ -39,11 +39,18 @@ class Verdict:
         return len(self.path) - 1
 
 
-def greedy_paths(tokens: torch.Tensor, ancestors: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+def greedy_paths(
+    tokens: torch.Tensor,
+    ancestors: torch.Tensor,
+    target_logits: torch.Tensor,
+    agreed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Greedy verification of B trees on the device, without reading anything from the host:
     tokens [B, N]; ancestors [B, N, N] bool ancestor-or-self masks (node 0 the root, parents before
     children: the target's tree mask); target_logits [B, N, V] -> [B, 1 + 2N] int64, each row
-    [n, path nodes (N, first n valid, root first), emitted tokens (N, first n valid)].
+    [n, path nodes (N, first n valid, root first), emitted tokens (N, first n valid)]. agreed [B, N]
+    bool: which nodes count as agreed instead of comparing tokens (a benchmark's forced acceptance,
+    `engine.forced`; None in decoding).
 
     A node's depth is its number of strict ancestors and its parent the ancestor one level up, so
     the mask alone describes the tree (a CUDA-graphed verify forward computes this from its own
@@ -58,7 +65,8 @@ def greedy_paths(tokens: torch.Tensor, ancestors: torch.Tensor, target_logits: t
     depths = ancestors.sum(dim=-1) - 1  # [B, N]
     is_parent = ancestors & (depths[:, None, :] == depths[:, :, None] - 1)  # [B, N, N] [b, i, j]: j parents i
     parent = is_parent.long().argmax(dim=-1)  # [B, N] (the root: 0)
-    agreed = (tokens == target_next.gather(1, parent)) | (index == 0)  # [B, N]
+    if agreed is None:
+        agreed = (tokens == target_next.gather(1, parent)) | (index == 0)  # [B, N]
     on_agreed_path = ~(ancestors & ~agreed[:, None, :]).any(dim=-1)  # [B, N]
     last = torch.where(on_agreed_path, depths, -1).argmax(dim=-1)  # [B] deepest agreed node
     on_path = ancestors.gather(1, last[:, None, None].expand(B, 1, N)).squeeze(1)  # [B, N]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ from eaglewire.target.runtime.graphs import GraphCache, own_code
 from eaglewire.target.runtime.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
 from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
+
+if TYPE_CHECKING:
+    from eaglewire.engine.forced import ForcedAcceptance
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,8 @@ class FastTargetRunner:
         self._graphs = GraphCache(self.device) if self.use_graphs else None
         self._last_num_new = 0
         self._last_window = 0
+        # a benchmark instrument (`engine.forced`): greedy verification accepts recorded paths
+        self.forced_acceptance: ForcedAcceptance | None = None
         self.reset(1)
 
     # -- TargetRunner ------------------------------------------------------------------------------
@@ -241,7 +246,8 @@ class FastTargetRunner:
             logits, aux = self._run(
                 input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
             )
-            return _with_greedy(logits, aux, input_ids, tree_mask, greedy)
+            forced = self.forced_acceptance
+            return _with_greedy(logits, aux, input_ids, tree_mask, greedy, positions, forced)
         return self._replay(input_ids, positions, tree_mask, logits_at, window, greedy)
 
     @torch.no_grad()
@@ -440,7 +446,8 @@ class FastTargetRunner:
         B, N = input_ids.shape
         dev = self.device
         has_tree, has_at = tree_mask is not None, logits_at is not None
-        key = (B, N, window, has_tree, has_at, greedy)
+        forced = self.forced_acceptance if greedy else None
+        key = (B, N, window, has_tree, has_at, greedy, None if forced is None else id(forced))
 
         def make_inputs() -> dict[str, torch.Tensor]:
             inputs = {
@@ -464,7 +471,10 @@ class FastTargetRunner:
             )
             if not greedy:
                 return logits, aux
-            return logits, aux, tree_greedy_paths(inp["input_ids"], inp.get("tree_mask"), logits)
+            paths = tree_greedy_paths(
+                inp["input_ids"], inp.get("tree_mask"), logits, inp["positions"], forced
+            )
+            return logits, aux, paths
 
         graph = self._graphs.get(key, make_inputs, fn)
         values = {"input_ids": input_ids, "positions": positions}
@@ -479,14 +489,22 @@ class FastTargetRunner:
 
 
 def tree_greedy_paths(
-    input_ids: torch.Tensor, tree_mask: torch.Tensor | None, logits: torch.Tensor
+    input_ids: torch.Tensor,
+    tree_mask: torch.Tensor | None,
+    logits: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    forced: ForcedAcceptance | None = None,
 ) -> torch.Tensor:
     """`greedy_paths` of the trees a forward ran: input_ids [B, N]; tree_mask [B, N, N] (None: causal,
-    a chain); logits [B, N, V] -> [B, 1 + 2N]."""
+    a chain); logits [B, N, V] -> [B, 1 + 2N]. forced (with the nodes' positions [B, N]): accept
+    its recorded paths instead (`engine.forced`)."""
     B, N = input_ids.shape
+    dev = logits.device
     if tree_mask is None:
-        tree_mask = torch.ones(N, N, dtype=torch.bool, device=logits.device).tril().expand(B, N, N)
-    return greedy_paths(input_ids.to(logits.device), tree_mask.to(logits.device), logits)
+        tree_mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)
+    tree_mask = tree_mask.to(dev)
+    agreed = None if forced is None or positions is None else forced.agreed(positions.to(dev), tree_mask)
+    return greedy_paths(input_ids.to(dev), tree_mask, logits, agreed)
 
 
 def _with_greedy(
@@ -495,6 +513,8 @@ def _with_greedy(
     input_ids: torch.Tensor,
     tree_mask: torch.Tensor | None,
     greedy: bool,
+    positions: torch.Tensor | None = None,
+    forced: ForcedAcceptance | None = None,
 ) -> TargetForward:
-    paths = tree_greedy_paths(input_ids, tree_mask, logits) if greedy else None
+    paths = tree_greedy_paths(input_ids, tree_mask, logits, positions, forced) if greedy else None
     return TargetForward(logits=logits, aux=aux, greedy=paths)

@@ -66,7 +66,7 @@ from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.recipes.presets import PRESETS, train_config
+from eaglewire.recipes.presets import PRESETS
 from eaglewire.target.loading import LoadedTarget, load_target
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.evaluate import FIRST_ANSWER
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--preset: expected one of {sorted(PRESETS)}, got {args.preset!r}")
     common = parse_pairs(args.set, "--set")
     base = dataclasses.replace(
-        train_config(PRESETS[args.preset]), max_steps=args.steps, max_seconds=0.0, epochs=10_000,
+        PRESETS[args.preset].train, max_steps=args.steps, max_seconds=0.0, epochs=10_000,
         checkpoint_every=0, eval_every=0,
     )  # fmt: skip
     variants = []

@@ -211,9 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--conversations", type=int, default=7168)
     gpu = PRESETS["gpu"]  # the defaults time what the gpu quickstart trains
-    ap.add_argument("--vd", type=int, default=gpu.draft_vocab_size)
-    ap.add_argument("--max-length", type=int, default=gpu.max_length)
-    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[gpu.batch_size])
+    ap.add_argument("--vd", type=int, default=gpu.data.draft_vocab_size)
+    ap.add_argument("--max-length", type=int, default=gpu.train.max_length)
+    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[gpu.train.batch_size])
     ap.add_argument(
         "--compile",
         type=lambda s: [x.strip() == "on" for x in s.split(",")],
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "are named '... flex')",
     )
     ap.add_argument("--work", type=Path, default=None, help="where offline shards go (default: temp dir)")
-    ap.add_argument("--ttt-steps", type=int, default=gpu.ttt_steps)
+    ap.add_argument("--ttt-steps", type=int, default=gpu.train.ttt_steps)
     ap.add_argument(
         "--draft-intermediate-size",
         type=int,

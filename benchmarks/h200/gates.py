@@ -35,7 +35,7 @@ def flag_value(args: list[str], name: str, default: float) -> float:
 
 
 def budget_s(args: list[str]) -> float:
-    return flag_value(args, "--train-max-seconds", PRESETS["gpu"].train_max_seconds)
+    return flag_value(args, "--train-max-seconds", PRESETS["gpu"].train.max_seconds)
 
 
 def in_budget(row: dict[str, Any], extra_s: float, budget: float) -> float:
@@ -104,8 +104,8 @@ def attention_flag(rows: dict[str, dict[str, Any]], args: list[str]) -> str:
 def main(argv: list[str]) -> int:
     kind, profile_json, qs_args = argv
     args = qs_args.split()
-    batch = int(flag_value(args, "--batch-size", PRESETS["gpu"].batch_size))
-    ttt = int(flag_value(args, "--ttt-steps", PRESETS["gpu"].ttt_steps))
+    batch = int(flag_value(args, "--batch-size", PRESETS["gpu"].train.batch_size))
+    ttt = int(flag_value(args, "--ttt-steps", PRESETS["gpu"].train.ttt_steps))
     with open(profile_json) as f:  # only the profile rows of the step the quickstart trains
         rows = {r["setting"]: r for r in json.load(f) if (r["batch_size"], r["ttt_steps"]) == (batch, ttt)}
     gates = {"compile": compile_flag, "shards": shards_flag, "attention": attention_flag}

@@ -55,7 +55,8 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
             target=str(target_dir),
             on_stage=stages.append,
         )
-        summary = run_quickstart(run)
+        result = run_quickstart(run)
+        summary = result.to_json()  # what summary.json holds
     finally:
         torch.set_num_threads(threads)
     assert stages == ["target", "data", "train", "eval", "decode", "export", "doctor"]
@@ -88,7 +89,7 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     assert summary["heldout_predicted_tau"] == {
         m: decode[m]["heldout_predicted_tau"] for m in ("eagle-chain", "eagle-tree")
     }
-    show_summary(summary)  # the CLI's tables, served column and row included
+    show_summary(result)  # the CLI's tables, served column and row included
     assert summary["doctor_ok"], json.loads((tmp_path / "run" / "doctor.json").read_text())
     sglang = json.loads((tmp_path / "run" / "export" / "sglang" / "config.json").read_text())
     assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
@@ -105,7 +106,7 @@ def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     resumed = QuickstartRun(preset=get_preset("tiny"), out_dir=Path("../run"), target=str(target_dir))
-    resumed_summary = run_quickstart(resumed)
+    resumed_summary = run_quickstart(resumed).to_json()
     # the stages after it ran on what it redoes, so they run again too
     assert [s.name for s in resumed.stages if not s.skipped] == ["decode", "export", "doctor"]
     # the eval stage finished in an earlier run: the resumed decode stage evaluates the held-out data itself
@@ -131,7 +132,7 @@ def test_stop_after_data_then_a_rerun_goes_on_from_there(tmp_path, monkeypatch):
         target_dir = save_tiny_target(make_tiny_target("llama"), tmp_path / "target")
         first = QuickstartRun(preset=get_preset("tiny"), out_dir=tmp_path / "run", target=str(target_dir),
                               stop_after="data")  # fmt: skip
-        stopped = run_quickstart(first)
+        stopped = run_quickstart(first).to_json()
         assert stopped["stopped_after"] == "data" and set(stopped["stage_seconds"]) == {"target", "data"}
         run_dir = tmp_path / "run"
         assert (run_dir / "data.json").exists() and not (run_dir / "train.json").exists()
@@ -139,7 +140,7 @@ def test_stop_after_data_then_a_rerun_goes_on_from_there(tmp_path, monkeypatch):
         for part in ("train", "eval", "vocab"):
             assert (run_dir / "data" / part).is_dir(), part
         again = QuickstartRun(preset=get_preset("tiny"), out_dir=run_dir, target=str(target_dir))
-        summary = run_quickstart(again)
+        summary = run_quickstart(again).to_json()
     finally:
         torch.set_num_threads(threads)
     assert [s.name for s in again.stages if s.skipped] == ["target", "data"]

@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
+from eaglewire.cli.config_options import ConfigOptions, FieldOption
+from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs  # no torch: spec_args is pure
 from eaglewire.errors import ConfigError
-
-if TYPE_CHECKING:
-    from eaglewire.engine.spec_args import SpecArgs
 
 
 def at_least(flag: str, value: int | float | None, low: int | float, meaning: str = "") -> None:
@@ -89,8 +88,6 @@ def spec_args_from_flags(
 ) -> SpecArgs:
     """`SpecArgs` from the three flags, each refusal naming the flags as the command spells them
     (`names`: field -> flag, default --num-steps / --topk / --num-draft-tokens)."""
-    from eaglewire.engine.spec_args import SpecArgs  # no torch: spec_args is pure
-
     flags = {**_SPEC_FIELDS, **(names or {})}
     for field, value in (("num_steps", num_steps), ("topk", topk), ("num_draft_tokens", num_draft_tokens)):
         at_least(flags[field], value, 1)
@@ -103,3 +100,17 @@ def spec_args_from_flags(
             return rename_fields(rename_fields(text, sglang, before_value=False), flags)
 
         raise ConfigError(ours(bare_message(e)), fix=None if e.fix is None else ours(e.fix)) from None
+
+
+# `--num-steps / --topk / --num-draft-tokens` of the commands that decode (`generate`, `serve`): the
+# SpecArgs fields, defaulting to SGLang's choice for Llama targets.
+SPEC_OPTIONS = ConfigOptions(
+    SpecArgs,
+    [FieldOption("num_steps"), FieldOption("topk"), FieldOption("num_draft_tokens")],
+    defaults=DEFAULT_SPEC,
+)
+
+
+def spec_args_from_options(options: Mapping[str, Any]) -> SpecArgs:
+    """`SpecArgs` from a command's SPEC_OPTIONS (see `spec_args_from_flags`)."""
+    return spec_args_from_flags(**{r.param: options[r.param] for r in SPEC_OPTIONS.resolved})

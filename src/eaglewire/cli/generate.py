@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, EXIT_FINDING, print_json, print_table, resolve_device
-from eaglewire.cli.flags import at_least, in_range, one_of, spec_args_from_flags
-from eaglewire.engine.spec_args import DEFAULT_SPEC
+from eaglewire.cli.flags import SPEC_OPTIONS, at_least, in_range, one_of, spec_args_from_options
 from eaglewire.errors import ConfigError, DataFormatError
 
 # torch.Generator takes a signed 64-bit seed; the draft's generator uses seed + 1.
@@ -72,6 +71,7 @@ def _row(i: int, r: GenerationResult) -> list[Any]:
     return [i, len(r.token_ids), f"{r.tau:.2f}", acc, f"{r.tokens_per_s:.1f}", r.finish_reason]
 
 
+@SPEC_OPTIONS.add_to(before="temperature")
 def generate(
     target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
     draft: Path = typer.Option(
@@ -82,17 +82,6 @@ def generate(
     prompt: str = typer.Option(None, "--prompt", help="one prompt (the chat template is applied)"),
     prompts_file: Path = typer.Option(
         None, "--prompts-file", help='one prompt per line, or .jsonl with {"prompt": ...}'
-    ),
-    num_steps: int = typer.Option(
-        DEFAULT_SPEC.num_steps, "--num-steps", help="= SGLang --speculative-num-steps (tree depth)"
-    ),
-    topk: int = typer.Option(
-        DEFAULT_SPEC.topk, "--topk", help="= SGLang --speculative-eagle-topk (1 = chain)"
-    ),
-    num_draft_tokens: int = typer.Option(
-        DEFAULT_SPEC.num_draft_tokens,
-        "--num-draft-tokens",
-        help="= SGLang --speculative-num-draft-tokens (nodes incl. root)",
     ),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
@@ -107,6 +96,7 @@ def generate(
         False, "--check-lossless", help="also decode without the draft; exit 1 at the first differing token"
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    **spec_options: int,
 ) -> None:
     """Decode prompts with a draft (EAGLE-3 chain or tree); report tau and per-position acceptance.
 
@@ -121,7 +111,7 @@ def generate(
     in_range("--seed", seed, 0, MAX_SEED)
     if any(s == "" for s in stop):
         raise ConfigError("--stop: an empty stop string matches before the first token", fix="drop --stop ''")
-    spec = spec_args_from_flags(num_steps, topk, num_draft_tokens)
+    spec = spec_args_from_options(spec_options)
     if check_lossless and temperature != 0.0:
         raise ConfigError(
             f"--check-lossless compares greedy outputs, but --temperature={temperature}",

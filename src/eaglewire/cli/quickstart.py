@@ -3,12 +3,61 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from eaglewire.cli.common import console, parse_source_repeats, print_json, print_table
+from eaglewire.cli.config_options import ConfigOptions, FieldOption, field_value
+from eaglewire.recipes.presets import PRESETS, QuickstartPreset
 from eaglewire.recipes.resume import STAGES
+
+if TYPE_CHECKING:
+    from eaglewire.recipes.results import QuickstartSummary
+
+# The preset values `quickstart` overrides from flags: type and help come from the preset's field,
+# each help ends with the presets' own values.
+QUICKSTART_OPTIONS = ConfigOptions(
+    QuickstartPreset,
+    [
+        FieldOption("data.chitchat_conversations", "--chitchat"),
+        FieldOption("data.user_turns"),
+        FieldOption("data.magpie_prompts", "--magpie"),
+        FieldOption("data.magpie_opened_fraction"),
+        FieldOption("data.draft_vocab_size"),
+        FieldOption("draft_intermediate_size"),
+        FieldOption("train.hard_label_weight"),
+        FieldOption("train.epochs"),
+        FieldOption("train.batch_size"),
+        FieldOption("train.learning_rate"),
+        FieldOption("train.ttt_steps"),
+        FieldOption("data.regen_max_seconds"),
+        FieldOption("train.max_seconds", "--train-max-seconds"),
+        FieldOption("data.regen_max_new_tokens"),
+        FieldOption("data.regen_continuous", "--regen-continuous/--regen-batched"),
+        FieldOption("train.source_repeats", parse=parse_source_repeats),
+        FieldOption("data.regen_rows"),
+        FieldOption("train.compile", "--train-compile/--train-eager"),
+        FieldOption("train.ttt_attention", "--train-ttt-attention"),
+        FieldOption("data.train_from_shards", "--train-from-shards/--train-online"),
+    ],
+    help_prefix="override: ",
+    help_suffix=lambda path: (
+        f" (presets: {', '.join(f'{n} {_shown(field_value(p, path))}' for n, p in PRESETS.items())})"
+    ),
+)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    return (
+        str(value).lower()
+        if isinstance(value, bool)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
 
 
 def show_target_report(report: Any) -> None:
@@ -39,24 +88,22 @@ def _same(identical: bool | None, explained: bool | None) -> str:
     return "ties" if explained else "NO"
 
 
-def show_summary(summary: dict[str, Any]) -> None:
+def show_summary(summary: QuickstartSummary) -> None:
     rows = []
-    kinds = summary.get("prompt_set_kind", {})  # older (resumed) run directories have none
-    for prompt_set, methods in summary["decode"].items():
+    kinds = summary.prompt_set_kind  # older (resumed) run directories have none
+    for prompt_set, methods in ({} if summary.decode is None else summary.decode.sets).items():
         for i, (method, r) in enumerate(methods.items()):
-            same = r.get("identical_to_plain")
             rows.append(
                 [
                     prompt_set,
                     kinds.get(prompt_set, "") if i == 0 else "",
                     method,
-                    _fmt(r["tokens_per_s"], ".1f"),
-                    _fmt(r["tau"]),
-                    _fmt(r.get("served_predicted_tau")),
-                    _fmt(r["speedup_vs_plain"]),
-                    _fmt(r.get("decode_speedup_vs_plain")),
-                    # a resumed older run's decode.json has the former key: all at near-ties
-                    _same(same, r.get("differences_explained", r.get("differences_at_near_ties"))),
+                    _fmt(r.tokens_per_s, ".1f"),
+                    _fmt(r.tau),
+                    _fmt(None if r.served is None else r.served.predicted_tau),
+                    _fmt(r.speedup_vs_plain),
+                    _fmt(r.decode_speedup_vs_plain),
+                    _same(r.identical_to_plain, r.differences_explained),
                 ]
             )
     print_table(
@@ -71,115 +118,36 @@ def show_summary(summary: dict[str, Any]) -> None:
         "forward; NO: the target clearly prefers plain's token there, a bug in this method)",
     )
     # how the tree's held-out tau was predicted (`bench.prediction`); older run directories say nothing
-    how = summary.get("heldout_prediction_method", {}).get("eagle-tree")
+    how = summary.heldout_prediction_method.get("eagle-tree")
     tree_method = f", {how}" if how else ""
     print_table(
         "quickstart: stages",
         ["stage", "seconds"],
-        [[k, _fmt(v, ".0f")] for k, v in summary["stage_seconds"].items()]
+        [[k, _fmt(v, ".0f")] for k, v in summary.stage_seconds.items()]
         + [
-            ["predicted tau (chain, held-out)", _fmt(summary["predicted_tau_chain"])],
+            ["predicted tau (chain, held-out)", _fmt(summary.predicted_tau_chain)],
             # what a benchmark prompt gets; "-" for older (resumed) run directories
             [
                 "predicted tau (chain, held-out first answers)",
-                _fmt(summary.get("predicted_tau_chain_first_answers")),
+                _fmt(summary.predicted_tau_chain_first_answers),
             ],
             # older run directories (resumed) have no tree prediction: "-"
             [
                 f"predicted tau (tree, held-out first answers{tree_method})",
-                _fmt(summary.get("heldout_predicted_tau", {}).get("eagle-tree")),
+                _fmt(summary.heldout_predicted_tau.get("eagle-tree")),
             ],
-            ["doctor on exports", "no findings" if summary["doctor_ok"] else "FINDINGS (see doctor.json)"],
+            ["doctor on exports", "no findings" if summary.doctor_ok else "FINDINGS (see doctor.json)"],
         ],
     )
 
 
+@QUICKSTART_OPTIONS.add_to(before="skip_hf_baselines")
 def quickstart(
     preset: str = typer.Option(
         None, "--preset", help="cpu | gpu (default: gpu when CUDA is available, else cpu)"
     ),
     out: Path = typer.Option(Path("runs/quickstart"), "--out", help="run directory (rerun to resume)"),
     target: str = typer.Option("smollm2", "--target", help="target to run the recipe on"),
-    chitchat: int = typer.Option(None, "--chitchat", help="override: training conversations from chitchat"),
-    user_turns: int = typer.Option(
-        None,
-        "--user-turns",
-        help="override: user turns kept per chitchat conversation (1 = first answers only)",
-    ),
-    magpie: int = typer.Option(
-        None, "--magpie", help="override: prompts sampled from the target itself (Magpie) for training"
-    ),
-    magpie_opened_fraction: float = typer.Option(
-        None,
-        "--magpie-opened-fraction",
-        help="override: share of the Magpie prompts started with an instruction opening ('Write', 'Solve', ...)",
-    ),
-    draft_vocab_size: int = typer.Option(
-        None, "--draft-vocab-size", help="override: Vd, the draft's vocabulary (by frequency in the answers)"
-    ),
-    draft_intermediate_size: int = typer.Option(
-        None, "--draft-intermediate-size", help="override: the draft layer's MLP width (0 = the target's)"
-    ),
-    hard_label_weight: float = typer.Option(
-        None,
-        "--hard-label-weight",
-        help="override: share of the training label on the target's argmax token (0 = soft labels)",
-    ),
-    epochs: int = typer.Option(None, "--epochs", help="override: training epochs"),
-    batch_size: int = typer.Option(None, "--batch-size", help="override: training rows per optimizer step"),
-    learning_rate: float = typer.Option(
-        None, "--learning-rate", help="override: peak training learning rate"
-    ),
-    ttt_steps: int = typer.Option(
-        None,
-        "--ttt-steps",
-        help="override: unrolled training-time-test steps S (the gpu preset trains 4, the cpu preset 2: in "
-        "the same time fewer steps buy more optimizer steps)",
-    ),
-    regen_max_seconds: float = typer.Option(
-        None, "--regen-max-seconds", help="override: regeneration time budget in seconds (0 = no budget)"
-    ),
-    train_max_seconds: float = typer.Option(
-        None, "--train-max-seconds", help="override: training time budget in seconds (0 = epochs decide)"
-    ),
-    regen_max_new_tokens: int = typer.Option(
-        None,
-        "--regen-max-new-tokens",
-        help="override: the longest regenerated answer in tokens (the gpu preset cuts about half its answers at 256)",
-    ),
-    regen_continuous: bool = typer.Option(
-        None,
-        "--regen-continuous/--regen-batched",
-        help="override: refill generation rows as answers finish (continuous batching) or run batches to their end",
-    ),
-    source_repeats: str = typer.Option(
-        None,
-        "--source-repeats",
-        help="override: weigh the training data's sources, 'SOURCE:N,...' (e.g. chitchat:2,humaneval:4; "
-        "each epoch holds those records N times)",
-    ),
-    regen_rows: int = typer.Option(
-        None,
-        "--regen-rows",
-        help="override: the most rows one generation forward runs in regeneration and Magpie sampling "
-        "(0 = the engine's default)",
-    ),
-    train_compile: bool = typer.Option(
-        None,
-        "--train-compile/--train-eager",
-        help="override: torch.compile the draft's forward in training, or run it eagerly",
-    ),
-    train_ttt_attention: str = typer.Option(
-        None,
-        "--train-ttt-attention",
-        help="override: blocked | flex, how the training-time test's attention runs (flex: CUDA only)",
-    ),
-    train_from_shards: bool = typer.Option(
-        None,
-        "--train-from-shards/--train-online",
-        help="override: capture the training data's hidden states to shards once and train from them, "
-        "or run the target inside every training step",
-    ),
     skip_hf_baselines: bool = typer.Option(
         False,
         "--skip-hf-baselines",
@@ -193,6 +161,7 @@ def quickstart(
         "without it to go on from there",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    **options: Any,
 ) -> None:
     """Fresh machine -> reference target -> data -> train -> eval -> decode -> export -> doctor."""
     import torch
@@ -201,30 +170,10 @@ def quickstart(
     from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
 
     name = preset or ("gpu" if torch.cuda.is_available() else "cpu")
-    chosen = get_preset(
-        name,
-        chitchat_conversations=chitchat,
-        user_turns=user_turns,
-        magpie_prompts=magpie,
-        magpie_opened_fraction=magpie_opened_fraction,
-        draft_vocab_size=draft_vocab_size,
-        draft_intermediate_size=draft_intermediate_size,
-        hard_label_weight=hard_label_weight,
-        epochs=epochs,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        ttt_steps=ttt_steps,
-        regen_max_seconds=regen_max_seconds,
-        regen_max_new_tokens=regen_max_new_tokens,
-        train_max_seconds=train_max_seconds,
-        regen_continuous=regen_continuous,
-        regen_rows=regen_rows,
-        source_repeats=parse_source_repeats(source_repeats),
-        train_compile=train_compile,
-        train_ttt_attention=train_ttt_attention,
-        train_from_shards=train_from_shards,
-        hf_baseline_sets=() if skip_hf_baselines else None,
-    )
+    overrides = QUICKSTART_OPTIONS.given(options)
+    if skip_hf_baselines:
+        overrides["decode.hf_baseline_sets"] = ()
+    chosen = get_preset(name, overrides)
     out_dir = out / chosen.name
     console.print(f"[bold]eaglewire quickstart[/] preset={chosen.name} target={target} -> {out_dir}")
 
@@ -237,10 +186,10 @@ def quickstart(
     )  # fmt: skip
     summary = run_quickstart(run)
     if as_json:
-        print_json(summary)
-    elif "stopped_after" in summary:
+        print_json(summary.to_json())
+    elif summary.stopped_after is not None:
         console.print(
-            f"stopped after stage {summary['stopped_after']} (--stop-after); rerun without it to go on"
+            f"stopped after stage {summary.stopped_after} (--stop-after); rerun without it to go on"
         )
     else:
         show_summary(summary)

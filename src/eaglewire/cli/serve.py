@@ -10,9 +10,8 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import DEVICE_HELP, resolve_device
-from eaglewire.cli.flags import at_least, in_range, one_of, spec_args_from_flags
+from eaglewire.cli.flags import SPEC_OPTIONS, at_least, in_range, one_of, spec_args_from_options
 from eaglewire.contract.numbering import parse_version
-from eaglewire.engine.spec_args import DEFAULT_SPEC
 from eaglewire.errors import ConfigError
 
 DEFAULT_PORT = 8000
@@ -20,6 +19,7 @@ DEFAULT_MAX_QUEUE = 32
 ENGINES = ("auto", "eaglewire", "sglang", "vllm")  # eaglewire.serve.loading.ENGINES (not imported: aiohttp)
 
 
+@SPEC_OPTIONS.add_to(before="dtype")
 def serve(
     target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
     draft: Path = typer.Option(
@@ -52,17 +52,6 @@ def serve(
     served_model_name: str = typer.Option(
         None, "--served-model-name", help="the model id clients see (default: --target as given)"
     ),
-    num_steps: int = typer.Option(
-        DEFAULT_SPEC.num_steps, "--num-steps", help="= SGLang --speculative-num-steps (tree depth)"
-    ),
-    topk: int = typer.Option(
-        DEFAULT_SPEC.topk, "--topk", help="= SGLang --speculative-eagle-topk (1 = chain)"
-    ),
-    num_draft_tokens: int = typer.Option(
-        DEFAULT_SPEC.num_draft_tokens,
-        "--num-draft-tokens",
-        help="= SGLang --speculative-num-draft-tokens (nodes incl. root)",
-    ),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (target and draft)"),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     runner: str = typer.Option("auto", "--runner", help="target runtime: auto | fast | hf (full recompute)"),
@@ -77,6 +66,7 @@ def serve(
         "--max-queue",
         help="requests that may wait while one decodes; one more is answered 503 with Retry-After",
     ),
+    **spec_options: int,
 ) -> None:
     """Serve the target with the EAGLE-3 draft over an OpenAI-compatible HTTP API.
 
@@ -114,7 +104,7 @@ def serve(
     for flag, value in (("--sglang-version", sglang_version), ("--vllm-version", vllm_version)):
         if value is not None:
             parse_version(value, flag=flag)  # a release number: refused here, before any work
-    spec = spec_args_from_flags(num_steps, topk, num_draft_tokens)
+    spec = spec_args_from_options(spec_options)
     if draft is not None and not draft.is_dir():
         raise ConfigError(
             f"--draft {draft}: not a directory", fix="point --draft at a draft or export directory"

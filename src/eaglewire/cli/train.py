@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
@@ -19,35 +19,46 @@ from eaglewire.cli.common import (
     print_table,
     resolve_device,
 )
+from eaglewire.cli.config_options import ConfigOptions, FieldOption, field_value
 from eaglewire.cli.flags import at_least, bare_message, one_of, rename_fields
 from eaglewire.errors import ConfigError
+from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig  # no torch: a dataclass module
 
-if TYPE_CHECKING:
-    from eaglewire.train.config import TrainConfig
+# The TrainConfig fields `train` sets from flags (`--ttt-steps`, `--pack/--no-pack`): type, help and
+# default come from the field; only flags given on the command line override the config.
+TRAIN_OPTIONS = ConfigOptions(
+    TrainConfig,
+    [
+        FieldOption("ttt_steps"),
+        FieldOption("hard_label_weight"),
+        FieldOption("align_topk"),
+        FieldOption("epochs"),
+        FieldOption("source_repeats", parse=parse_source_repeats),
+        FieldOption("max_steps"),
+        FieldOption("batch_size"),
+        FieldOption("grad_accum_steps"),
+        FieldOption("max_length"),
+        FieldOption("learning_rate"),
+        FieldOption("warmup_ratio"),
+        FieldOption("eval_every"),
+        FieldOption("eval_max_records"),
+        FieldOption("checkpoint_every"),
+        FieldOption("seed"),
+        FieldOption("precision"),
+        FieldOption("parallel"),
+        FieldOption("tensorboard"),
+        FieldOption("pack"),
+        FieldOption("compile"),
+        FieldOption("ttt_attention"),
+    ],
+    help_suffix=lambda path: f" (default: {_shown(field_value(TrainConfig(), path))})",
+)
 
-# CLI flag -> TrainConfig field. Only flags given on the command line override the config.
-_OVERRIDES = {
-    "ttt_steps": "ttt_steps",
-    "hard_label_weight": "hard_label_weight",
-    "align_topk": "align_topk",
-    "epochs": "epochs",
-    "max_steps": "max_steps",
-    "batch_size": "batch_size",
-    "grad_accum_steps": "grad_accum_steps",
-    "max_length": "max_length",
-    "learning_rate": "learning_rate",
-    "warmup_ratio": "warmup_ratio",
-    "eval_every": "eval_every",
-    "eval_max_records": "eval_max_records",
-    "checkpoint_every": "checkpoint_every",
-    "seed": "seed",
-    "precision": "precision",
-    "parallel": "parallel",
-    "tensorboard": "tensorboard",
-    "pack": "pack",
-    "compile": "compile",
-    "ttt_attention": "ttt_attention",
-}
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def flag_of(field: str) -> str:
@@ -68,6 +79,7 @@ def config_with_flags(base: TrainConfig, overrides: dict[str, Any]) -> TrainConf
         ) from None
 
 
+@TRAIN_OPTIONS.add_to(before="device")
 def train_command(
     target: str = typer.Option(..., "--target", help="HF model directory, .gguf file, or 'smollm2'"),
     data: Path = typer.Option(..., "--data", help="tokenized dataset (online) or shard directory (offline)"),
@@ -91,58 +103,15 @@ def train_command(
         "--draft-intermediate-size",
         help="without --draft-init: the draft layer's MLP width (default: the target's)",
     ),
-    ttt_steps: int = typer.Option(None, "--ttt-steps", help="unrolled steps S (default 7)"),
-    hard_label_weight: float = typer.Option(
-        None,
-        "--hard-label-weight",
-        help="share of the label on the target's argmax token, 0..1 (default 0: soft labels)",
-    ),
-    align_topk: int = typer.Option(
-        None,
-        "--align-topk",
-        help="train step s only where the target's token was in the draft's top-k at every earlier "
-        "step (1 for chains; default 0: every row)",
-    ),
-    epochs: int = typer.Option(None, "--epochs"),
-    source_repeats: str = typer.Option(
-        None,
-        "--source-repeats",
-        help="weigh the data mix: 'SOURCE:N,...' (SOURCE = a record id's prefix before ':', e.g. "
-        "chitchat:2,humaneval:4): each epoch holds those records N times",
-    ),
-    max_steps: int = typer.Option(None, "--max-steps", help="cap on optimizer steps (0 = epochs decide)"),
-    batch_size: int = typer.Option(None, "--batch-size", help="rows per micro-batch per process"),
-    grad_accum_steps: int = typer.Option(None, "--grad-accum-steps"),
-    max_length: int = typer.Option(None, "--max-length", help="tokens per row"),
-    learning_rate: float = typer.Option(None, "--learning-rate"),
-    warmup_ratio: float = typer.Option(None, "--warmup-ratio"),
-    eval_every: int = typer.Option(None, "--eval-every", help="optimizer steps between evaluations"),
-    eval_max_records: int = typer.Option(None, "--eval-max-records"),
-    checkpoint_every: int = typer.Option(None, "--checkpoint-every"),
-    seed: int = typer.Option(None, "--seed"),
-    precision: str = typer.Option(None, "--precision", help="auto | bf16 | fp32"),
-    parallel: str = typer.Option(None, "--parallel", help="ddp | fsdp (under torchrun)"),
-    tensorboard: bool = typer.Option(None, "--tensorboard/--no-tensorboard"),
-    pack: bool = typer.Option(None, "--pack/--no-pack", help="pack several records per row"),
-    compile: bool = typer.Option(
-        None, "--compile/--no-compile", help="torch.compile the draft's forward (dynamic shapes)"
-    ),
-    ttt_attention: str = typer.Option(
-        None,
-        "--ttt-attention",
-        help="blocked | flex: how the training-time test's attention runs (flex: block-sparse, CUDA only)",
-    ),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     target_dtype: str = typer.Option(
         None, "--target-dtype", help="dtype of the online target (default bf16 on GPU)"
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    **options: Any,
 ) -> None:
     """Train a draft; everything lands in --out (draft in --out/draft, metrics in --out/metrics.jsonl)."""
-    from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig  # no torch: flags are checked first
-
-    given = locals()
     from eaglewire.outputs import OutputKind, check_resumable_dir
 
     check_resumable_dir(out, OutputKind.TRAIN_RUN)  # a directory of anything else is refused before any work
@@ -152,12 +121,7 @@ def train_command(
         base = TrainConfig.load(config)
     else:
         base = TrainConfig()
-    overrides: dict[str, Any] = {
-        field: given[flag] for flag, field in _OVERRIDES.items() if given[flag] is not None
-    }
-    if source_repeats is not None:
-        overrides["source_repeats"] = parse_source_repeats(source_repeats)
-    cfg = config_with_flags(base, overrides)
+    cfg = config_with_flags(base, TRAIN_OPTIONS.given(options))
     at_least("--draft-intermediate-size", draft_intermediate_size, 1, "the draft layer's MLP width")
     one_of("--target-dtype", target_dtype, ("float32", "bfloat16", "float16"))
     from eaglewire.train.distributed import init_distributed, shutdown_distributed

@@ -6,12 +6,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from eaglewire.data.formats import Conversation
-
-if TYPE_CHECKING:
-    from eaglewire.recipes.quickstart import QuickstartRun
+from eaglewire.recipes.quickstart_run import QuickstartRun
+from eaglewire.recipes.results import CaptureResult, DataSplitResult, DataStageResult
 
 
 def first_user_turns(conv: Conversation, turns: int) -> Conversation:
@@ -29,7 +28,7 @@ def first_user_turns(conv: Conversation, turns: int) -> Conversation:
 def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: Any) -> list[Conversation]:
     from eaglewire.data.builtin import load_builtin
 
-    p = run.preset
+    p = run.preset.data
     train = split == "train"
     chit = load_builtin("chitchat", split)[: p.chitchat_conversations if train else p.eval_conversations]
     code = load_builtin("humaneval", split)[: p.humaneval_problems if train else p.eval_conversations]
@@ -60,10 +59,10 @@ def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: 
 def training_data_dir(run: QuickstartRun, split: Literal["train", "eval"]) -> Path:
     """What the train stage reads: the split's captured shards (train_from_shards) or its tokenized
     records (the target then runs inside training)."""
-    return run.path("data", f"{split}_shards" if run.preset.train_from_shards else split)
+    return run.path("data", f"{split}_shards" if run.preset.data.train_from_shards else split)
 
 
-def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
+def stage_data(run: QuickstartRun, loaded: Any) -> DataStageResult:
     """Regenerate answers with the target (train and held-out eval), tokenize, choose the draft vocab."""
     from eaglewire.data.batching import DEFAULT_MAX_BATCH_TOKENS
     from eaglewire.data.build import build_dataset, save_dataset
@@ -73,7 +72,7 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
     from eaglewire.data.regenerate import regenerate
     from eaglewire.data.vocab import build_draft_vocab, save_draft_vocab
 
-    p = run.preset
+    p, max_length = run.preset.data, run.preset.train.max_length
     sampling = SamplingConfig(
         max_new_tokens=p.regen_max_new_tokens,
         temperature=p.regen_temperature,
@@ -81,15 +80,16 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
         seed=0,
         batch_size=p.regen_batch_size,
     )
-    out: dict[str, Any] = {}
-    splits: tuple[Literal["train", "eval"], ...] = ("train", "eval")
-    for split in splits:
+    splits: dict[str, DataSplitResult] = {}
+    vocab_stats: dict[str, int | float | str] = {}
+    names: tuple[Literal["train", "eval"], ...] = ("train", "eval")
+    for split in names:
         convs = _conversations(run, split, loaded)
         regen_tps = None
         if p.regenerate:
             jsonl = run.path("data", f"{split}.jsonl")
             # Prompts longer than a training row could not be trained on whole anyway.
-            max_prompt = p.max_length - p.regen_max_new_tokens
+            max_prompt = max_length - p.regen_max_new_tokens
             budget = p.regen_max_seconds if split == "train" else 0.0
             regen_tps = regenerate(
                 loaded,
@@ -101,16 +101,9 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
                 generate_fn=pick_generate_fn(continuous=p.regen_continuous, max_rows=p.regen_rows),
             ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
-        ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=p.max_length, split=split)
+        ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=max_length, split=split)
         save_dataset(ds, run.path("data", split), force=True)  # a rerun replaces the run's own dataset
-        out[split] = {
-            "conversations": len(convs),
-            "tokens": ds.num_tokens,
-            "loss_tokens": ds.num_loss_tokens,
-            "regenerated": p.regenerate,
-            "regenerate_tokens_per_s": regen_tps,
-            "truncated": build_stats.truncated_records,
-        }
+        capture = None
         if p.train_from_shards:  # resumes shard by shard, like `eaglewire data capture`
             stats = capture_dataset(
                 loaded,
@@ -119,13 +112,22 @@ def stage_data(run: QuickstartRun, loaded: Any) -> dict[str, Any]:
                 source=f"quickstart {split}",
                 max_batch_tokens=p.capture_max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS,
             )
-            out[split]["capture"] = {
-                "shards": stats.shards_written + stats.shards_resumed,
-                "bytes": stats.written_bytes,
-                "tokens_per_s": stats.tokens_per_second,
-            }
+            capture = CaptureResult(
+                shards=stats.shards_written + stats.shards_resumed,
+                bytes=stats.written_bytes,
+                tokens_per_s=stats.tokens_per_second,
+            )
+        splits[split] = DataSplitResult(
+            conversations=len(convs),
+            tokens=ds.num_tokens,
+            loss_tokens=ds.num_loss_tokens,
+            regenerated=p.regenerate,
+            regenerate_tokens_per_s=regen_tps,
+            truncated=build_stats.truncated_records,
+            capture=capture,
+        )
         if split == "train":
             vocab = build_draft_vocab(ds, p.draft_vocab_size, vocab_size=loaded.vocab_size)
             save_draft_vocab(vocab, run.path("data", "vocab"), force=True)
-            out["vocab"] = {k: v for k, v in vocab.stats.items() if isinstance(v, int | float | str)}
-    return out
+            vocab_stats = {k: v for k, v in vocab.stats.items() if isinstance(v, int | float | str)}
+    return DataStageResult(splits, vocab_stats)

@@ -9,12 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglewire.recipes.presets import QuickstartPreset
+from eaglewire.recipes.presets import DecodePlan
+from eaglewire.recipes.quickstart_eval import as_benchmark, evaluate_heldout
+from eaglewire.recipes.quickstart_run import QuickstartRun
+from eaglewire.recipes.results import (
+    DecodeMethodResult,
+    DecodeStageResult,
+    HeldoutPrediction,
+    ServedPrediction,
+)
 
 if TYPE_CHECKING:
     from eaglewire.bench.prediction import PredictionRow
     from eaglewire.bench.results import Mismatch
-    from eaglewire.recipes.quickstart import QuickstartRun
     from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
@@ -22,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def stage_decode(
     run: QuickstartRun, loaded: Any, draft_dir: Path, *, heldout: EvalResult | None = None
-) -> dict[str, Any]:
+) -> DecodeStageResult:
     """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts, with
     the held-out prediction of each speculative setting beside its measured tau (chains by the
     evaluation's replay, trees decoded by the engine's drafter over the held-out first answers:
@@ -34,10 +41,9 @@ def stage_decode(
     from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
     from eaglewire.bench.heldout_trees import heldout_tree_predictor
     from eaglewire.bench.prompts import load_prompt_set
-    from eaglewire.recipes.quickstart import as_benchmark, evaluate_heldout  # it imports this module
 
-    p = run.preset
-    out: dict[str, Any] = {}
+    p = run.preset.decode
+    out: dict[str, dict[str, DecodeMethodResult]] = {}
     if heldout is None:
         log.info("held-out prediction: evaluating the draft on the held-out data (eval stage ran earlier)")
         heldout = as_benchmark(run, evaluate_heldout(run, draft_dir, loaded))
@@ -48,7 +54,7 @@ def stage_decode(
     # one engine for every prompt set: each decoder compiles and captures its graphs once
     nodes = max(p.tree_num_draft_tokens, p.chain_steps + 1)
     room = max(
-        Workload.build(loaded, prompts, max_new_tokens=p.decode_max_new_tokens, chat=True).max_seq_len(nodes)
+        Workload.build(loaded, prompts, max_new_tokens=p.max_new_tokens, chat=True).max_seq_len(nodes)
         for prompts in prompt_sets.values()
     )
     engine = load_engine(loaded, draft_dir, max_seq_len=room)
@@ -56,7 +62,7 @@ def stage_decode(
         name, prompts = bench_run.name, prompt_sets[bench_run.name]
         hf = HF_METHODS if bench_run.with_baselines else ()
         cfg = BenchConfig(
-            max_new_tokens=p.decode_max_new_tokens,
+            max_new_tokens=p.max_new_tokens,
             methods=("plain", "eagle-chain", "eagle-tree", *hf),
             chain_steps=p.chain_steps,
             tree_num_steps=p.tree_num_steps,
@@ -69,26 +75,25 @@ def stage_decode(
         report.write(run.path("decode", name))
         served = {row.method: row for row in report.served_predictions}
         out[name] = {
-            m: {
-                "tokens_per_s": r.tokens_per_s,
-                "tau": r.tau,
-                **_heldout_fields(r.settings, report.predictions),
-                "speedup_vs_plain": r.speedup_vs_plain,
-                "decode_tokens_per_s": r.decode_tokens_per_s,
-                "decode_speedup_vs_plain": r.decode_speedup_vs_plain,
-                "identical_to_plain": None if r.mismatches is None else not r.mismatches,
-                # every difference explained by rounding or the reference's drift (not this method's bug)
-                "differences_explained": _explained(r.mismatches),
-                "per_position_acceptance": r.per_position_acceptance,
-                **_served_fields(served.get(m)),
-            }
+            m: DecodeMethodResult(
+                tokens_per_s=r.tokens_per_s,
+                tau=r.tau,
+                speedup_vs_plain=r.speedup_vs_plain,
+                decode_tokens_per_s=r.decode_tokens_per_s,
+                decode_speedup_vs_plain=r.decode_speedup_vs_plain,
+                identical_to_plain=None if r.mismatches is None else not r.mismatches,
+                differences_explained=_explained(r.mismatches),
+                per_position_acceptance=r.per_position_acceptance,
+                heldout=_heldout(r.settings, report.predictions),
+                served=_served(served.get(m)),
+            )
             for m, r in report.results.items()
             if r.available
         }
-    return out
+    return DecodeStageResult(out)
 
 
-WHOLE_SUFFIX = "-all"  # a prompt set decoded whole (QuickstartPreset.whole_sets)
+WHOLE_SUFFIX = "-all"  # a prompt set decoded whole (DecodePlan.whole_sets)
 
 
 @dataclass(frozen=True)
@@ -101,33 +106,33 @@ class DecodeRun:
     with_baselines: bool  # also time the transformers baselines (~27 ms a token on an H200)
 
 
-def decode_runs(preset: QuickstartPreset) -> list[DecodeRun]:
-    """Every prompt set's first decode_prompts (a set in whole_sets: every prompt instead, as
+def decode_runs(plan: DecodePlan) -> list[DecodeRun]:
+    """Every prompt set's first `prompts` (a set in whole_sets: every prompt instead, as
     '<set>-all'), then the sets that also time the transformers baselines (their first
     hf_baseline_prompts, under the set's own name): those take minutes on a GPU, so a run cut short
     by its time budget has lost only them. User-like sets (mt-bench, user-eval) go first: the headline."""
     from eaglewire.bench.prompts import USER_LIKE, prompt_set_kind
 
     firsts = [
-        DecodeRun(name, name, preset.decode_prompts, False)
-        for name in preset.prompt_sets
-        if name not in preset.whole_sets and name not in preset.hf_baseline_sets
+        DecodeRun(name, name, plan.prompts, False)
+        for name in plan.prompt_sets
+        if name not in plan.whole_sets and name not in plan.hf_baseline_sets
     ]
-    wholes = [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in preset.whole_sets]
+    wholes = [DecodeRun(name + WHOLE_SUFFIX, name, None, False) for name in plan.whole_sets]
     baselines = [
-        DecodeRun(name, name, preset.hf_baseline_prompts or preset.decode_prompts, True)
-        for name in preset.prompt_sets
-        if name in preset.hf_baseline_sets
+        DecodeRun(name, name, plan.hf_baseline_prompts or plan.prompts, True)
+        for name in plan.prompt_sets
+        if name in plan.hf_baseline_sets
     ]
     ours = sorted(firsts + wholes, key=lambda r: prompt_set_kind(r.prompt_set) != USER_LIKE)  # stable
     return ours + baselines
 
 
-def prompt_set_kinds(preset: QuickstartPreset) -> dict[str, str]:
+def prompt_set_kinds(plan: DecodePlan) -> dict[str, str]:
     """Each decode run's label in the summary: user-like (the headline) or in-distribution held-out."""
     from eaglewire.bench.prompts import prompt_set_kind
 
-    return {r.name: prompt_set_kind(r.prompt_set) for r in decode_runs(preset)}
+    return {r.name: prompt_set_kind(r.prompt_set) for r in decode_runs(plan)}
 
 
 def _explained(mismatches: list[Mismatch] | None) -> bool | None:
@@ -140,48 +145,25 @@ def _explained(mismatches: list[Mismatch] | None) -> bool | None:
     return THIS_METHOD not in causes if causes else None
 
 
-def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:
+def _heldout(settings: dict[str, Any], rows: list[PredictionRow]) -> HeldoutPrediction | None:
     """A speculative method's held-out prediction (`eaglewire.bench.prediction`): its row of `rows`
     is the one for its setting; other methods have none."""
     row = next((r for r in rows if r.setting == settings), None)
     if row is None:
-        return {}
-    return {
-        "heldout_predicted_tau": row.predicted_tau,
-        "heldout_prediction_method": row.prediction_method,
-        "heldout_relative_error": row.relative_error,
-        "heldout_prediction_note": row.note,
-    }
+        return None
+    return HeldoutPrediction(row.predicted_tau, row.prediction_method, row.relative_error, row.note)
 
 
-def _served_fields(row: Any) -> dict[str, Any]:
+def _served(row: Any) -> ServedPrediction | None:
     """A speculative method's prediction on the text it served (`eaglewire.bench.served`), if made."""
     if row is None:
-        return {}
-    return {
-        "served_predicted_tau": row.predicted_tau,
-        "measured_tau_in_text": row.measured_tau_in_text,
-        "served_relative_error": row.relative_error,
-        "served_predicted_per_position_acceptance": (
-            [] if row.predicted is None else row.predicted.per_position_acceptance
-        ),
-        "served_prediction_note": row.note,
-    }
-
-
-def served_tau_chain(decoded: dict[str, Any]) -> dict[str, float | None]:
-    """Per prompt set: the chain's tau predicted on the text it served (None where not made)."""
-    return {
-        name: methods.get("eagle-chain", {}).get("served_predicted_tau") for name, methods in decoded.items()
-    }
-
-
-def heldout_tau(decoded: dict[str, Any], key: str = "heldout_predicted_tau") -> dict[str, Any]:
-    """Per speculative method: its tau predicted on the held-out data at the decode horizon (the same
-    for every prompt set; None where not made); key="heldout_prediction_method": how it was predicted."""
-    out: dict[str, Any] = {}
-    for methods in decoded.values():
-        for method, r in methods.items():
-            if key in r and out.get(method) is None:
-                out[method] = r[key]
-    return out
+        return None
+    return ServedPrediction(
+        predicted_tau=row.predicted_tau,
+        measured_tau_in_text=row.measured_tau_in_text,
+        relative_error=row.relative_error,
+        predicted_per_position_acceptance=[]
+        if row.predicted is None
+        else row.predicted.per_position_acceptance,
+        note=row.note,
+    )

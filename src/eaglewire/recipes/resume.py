@@ -1,94 +1,50 @@
 """What a rerun of the quickstart in the same run directory may reuse.
 
 A rerun resumes: every stage whose `<stage>.json` marker exists is skipped, and the data and train
-stages continue from what they wrote. That is only right while the preset fields feeding those
-stages are the ones they ran with. A changed field feeding a stage that already ran (or, for the
-data and train stages, that started) is refused before anything runs, naming the field, both
-values and the markers to delete. Silently reusing them would report a draft trained with other
-settings.
+stages continue from what they wrote. That is only right while the preset values feeding those
+stages are the ones they ran with. A preset nests one sub-config per stage (`data`, `train`,
+`decode`), so a changed value feeds its sub-config's stage and every later one; the few values an
+earlier stage also reads are named in FEEDS_EARLIER. A changed value feeding a stage that already
+ran (or, for the data and train stages, that started) is refused before anything runs, naming the
+value, both settings and the markers to delete. Silently reusing them would report a draft trained
+with other settings.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
 from eaglewire.errors import ConfigError
-from eaglewire.recipes.presets import QuickstartPreset
+from eaglewire.recipes.presets import STAGE_CONFIGS, QuickstartPreset
+from eaglewire.typed_config import to_dict
 
 STAGES = ("target", "data", "train", "eval", "decode", "export", "doctor")
 
-# The first stage each preset field feeds (that stage and every later one depend on it).
-FIELD_STAGE: dict[str, str] = {
-    "name": "target",
-    "device": "target",
-    "target_dtype": "target",
-    **dict.fromkeys(
-        (
-            "chitchat_conversations",
-            "humaneval_problems",
-            "magpie_prompts",
-            "magpie_opened_fraction",
-            "user_turns",
-            "regenerate",
-            "regen_max_seconds",
-            "regen_max_new_tokens",
-            "regen_temperature",
-            "regen_batch_size",
-            "regen_continuous",
-            "regen_rows",
-            "eval_conversations",
-            "draft_vocab_size",
-            "max_length",
-            "train_from_shards",
-            "capture_max_batch_tokens",
-        ),
-        "data",
-    ),
-    **dict.fromkeys(
-        (
-            "ttt_steps",
-            "epochs",
-            "learning_rate",
-            "batch_size",
-            "train_max_seconds",
-            "train_compile",
-            "train_ttt_attention",
-            "draft_intermediate_size",
-            "hard_label_weight",
-            "source_repeats",
-        ),
-        "train",
-    ),
-    **dict.fromkeys(("chain_steps", "tree_num_steps", "decode_max_new_tokens"), "eval"),
-    **dict.fromkeys(
-        (
-            "decode_prompts",
-            "prompt_sets",
-            "tree_topk",
-            "tree_num_draft_tokens",
-            "hf_baseline_sets",
-            "hf_baseline_prompts",
-            "timing_repeats",
-            "whole_sets",
-        ),
-        "decode",
-    ),
+# Values read by a stage before their sub-config's own (a top-level value feeds "target" unless named).
+FEEDS_EARLIER: dict[str, str] = {
+    "train.max_length": "data",  # the data stage tokenizes (and cuts regeneration prompts) to the row length
+    "draft_intermediate_size": "train",  # the draft the train stage creates
+    # the eval stage predicts tau for the decode stage's chain and tree depth, at its horizon
+    "decode.chain_steps": "eval",
+    "decode.tree_num_steps": "eval",
+    "decode.max_new_tokens": "eval",
 }
 
-# Fields that set how fast or how far a resumable stage goes, not what it computes: a stage that
+# Values that set how fast or how far a resumable stage goes, not what it computes: a stage that
 # started but did not finish may continue under new values (a longer regeneration or training
 # budget, another batch of rows answered at once).
-PACE_FIELDS = frozenset(
+PACE = frozenset(
     {
-        "regen_max_seconds",
-        "regen_batch_size",
-        "regen_continuous",
-        "regen_rows",
-        "train_max_seconds",
-        "train_compile",
-        "train_ttt_attention",
+        "data.regen_max_seconds",
+        "data.regen_batch_size",
+        "data.regen_continuous",
+        "data.regen_rows",
+        "train.max_seconds",
+        "train.compile",
+        "train.ttt_attention",
     }
 )
 
@@ -96,37 +52,67 @@ PACE_FIELDS = frozenset(
 RESUMABLE = ("data", "train")
 
 
-def _json_value(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+def first_stage(path: str) -> str:
+    """The first stage the preset value at dotted `path` feeds."""
+    part = path.partition(".")[0] if "." in path else ""
+    return FEEDS_EARLIER.get(path) or (part if part in STAGE_CONFIGS else "target")
+
+
+def flat_values(preset_json: dict[str, Any]) -> dict[str, Any]:
+    """preset.json as {dotted path: value}. A preset.json written before the preset nested its
+    sub-configs (one flat object) is read by the names it had then: a key is the field of that name in
+    one sub-config, or `<sub>_<field>` (`train_max_seconds` -> `train.max_seconds`)."""
+    nested = all(isinstance(preset_json.get(part), dict) for part in STAGE_CONFIGS)
+    out: dict[str, Any] = {}
+    for key, value in preset_json.items():
+        if nested and key in STAGE_CONFIGS:
+            out.update({f"{key}.{name}": v for name, v in value.items()})
+        else:
+            out[key if nested else _nested_path(key)] = value
+    return out
+
+
+def _nested_path(flat_key: str) -> str:
+    top = {f.name for f in dataclasses.fields(QuickstartPreset)} - set(STAGE_CONFIGS)
+    if flat_key in top:
+        return flat_key
+    hints = typing.get_type_hints(QuickstartPreset)
+    for part in STAGE_CONFIGS:
+        names = {f.name for f in dataclasses.fields(hints[part])}
+        if flat_key in names:
+            return f"{part}.{flat_key}"
+        if flat_key.startswith(part + "_") and flat_key[len(part) + 1 :] in names:
+            return f"{part}.{flat_key[len(part) + 1 :]}"
+    return flat_key  # a value of an older release no preset has now: never compared
 
 
 def check_resume(out_dir: Path, old: dict[str, Any], new: QuickstartPreset) -> None:
     """Refuse `new` for the run in `out_dir`, made with the preset `old` (its preset.json), when a
-    changed field feeds a stage that has run (its marker exists) or, outside PACE_FIELDS, one of the
+    changed value feeds a stage that has run (its marker exists) or, outside PACE, one of the
     RESUMABLE stages that has started (its folder exists)."""
+    before_values, after_values = flat_values(old), flat_values(preset_json(new))
     stale = []
-    for f in fields(new):
-        before, after = old.get(f.name), _json_value(getattr(new, f.name))
-        if f.name not in old or before == after:
-            continue
-        first = STAGES.index(FIELD_STAGE[f.name])
-        done = [s for s in STAGES[first:] if (out_dir / f"{s}.json").exists()]
+    for path, after in after_values.items():
+        if path not in before_values or before_values[path] == after:
+            continue  # an older preset.json without this value, or the same value
+        later = STAGES[STAGES.index(first_stage(path)) :]
+        done = [s for s in later if (out_dir / f"{s}.json").exists()]
         started = [
             s
-            for s in STAGES[first:]
-            if s in RESUMABLE and s not in done and f.name not in PACE_FIELDS and (out_dir / s).exists()
+            for s in later
+            if s in RESUMABLE and s not in done and path not in PACE and (out_dir / s).exists()
         ]
         if done or started:
-            stale.append((f.name, before, after, done, started))
+            stale.append((path, before_values[path], after, done, started))
     if not stale:
         return
     lines = [
-        f"{name}: {before!r} -> {after!r} (feeds {FIELD_STAGE[name]}; "
+        f"{path}: {before!r} -> {after!r} (feeds {first_stage(path)}; "
         + ", ".join([f"{s} done" for s in done] + [f"{s} started" for s in started])
         + ")"
-        for name, before, after, done, started in stale
+        for path, before, after, done, started in stale
     ]
-    first = min(STAGES.index(FIELD_STAGE[name]) for name, *_ in stale)
+    first = min(STAGES.index(first_stage(path)) for path, *_ in stale)
     redo = [f"{s}.json" for s in STAGES[first:] if (out_dir / f"{s}.json").exists()]
     redo += [f"{s}/" for s in STAGES[first:] if s in RESUMABLE and (out_dir / s).exists()]
     raise ConfigError(
@@ -138,5 +124,6 @@ def check_resume(out_dir: Path, old: dict[str, Any], new: QuickstartPreset) -> N
 
 
 def preset_json(preset: QuickstartPreset) -> dict[str, Any]:
-    """The preset as preset.json stores it."""
-    return {k: _json_value(v) for k, v in asdict(preset).items()}
+    """The preset as preset.json stores it (its sub-configs nested)."""
+    result: dict[str, Any] = to_dict(preset)
+    return result

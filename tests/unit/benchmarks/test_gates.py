@@ -19,8 +19,8 @@ def row(
     setting: str,
     tokens_per_s: float,
     *,
-    batch: int = GPU.batch_size,
-    ttt: int = GPU.ttt_steps,
+    batch: int = GPU.train.batch_size,
+    ttt: int = GPU.train.ttt_steps,
     warmup_s: float = 10.0,
     data: str = "online",
 ) -> dict:
@@ -59,7 +59,7 @@ def test_shards_gate_needs_offline_5_percent_faster_at_the_quickstarts_batch(tmp
     # and of the TTT steps it trains: a 7-step profile does not decide for the gpu preset's 4
     seven = [row("b16 s7", 80_000, ttt=7), row("b16 s7 offline", 99_000, ttt=7, data="offline")]
     flag, why = gate(tmp_path, "shards", seven)
-    assert GPU.ttt_steps != 7 and flag == "" and f"with {GPU.ttt_steps} TTT steps" in why
+    assert GPU.train.ttt_steps != 7 and flag == "" and f"with {GPU.train.ttt_steps} TTT steps" in why
     assert gate(tmp_path, "shards", seven, "--ttt-steps 7")[0] == "--train-from-shards"
     # a profile whose every setting was skipped says so instead of passing silently
     flag, why = gate(tmp_path, "shards", [])

@@ -20,10 +20,10 @@ def test_defaults_follow_the_gpu_preset() -> None:
 
     args, gpu = build_parser().parse_args([]), PRESETS["gpu"]
     assert (args.ttt_steps, args.batch_sizes, args.max_length, args.vd) == (
-        gpu.ttt_steps,
-        [gpu.batch_size],
-        gpu.max_length,
-        gpu.draft_vocab_size,
+        gpu.train.ttt_steps,
+        [gpu.train.batch_size],
+        gpu.train.max_length,
+        gpu.data.draft_vocab_size,
     )
 
 

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from eaglewire.engine import pipelined
-from eaglewire.engine.api import make_runner
+from eaglewire.engine.decode_trace import DecodeTrace
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.tree import DeviceRoot
 from eaglewire.engine.verify import DeviceVerdict, StopRule
 from eaglewire.errors import ConfigError

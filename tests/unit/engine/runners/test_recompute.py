@@ -1,20 +1,20 @@
-"""GenericTargetRunner (transformers, no cache) agrees with the fast runner and with plain HF."""
+"""RecomputeRunner (transformers, no cache) agrees with the fast runner and with plain HF."""
 
 from __future__ import annotations
 
 import torch
 
-from eaglewire.target.runtime.factory import make_target_runner
-from eaglewire.target.runtime.generic import GenericTargetRunner
-from eaglewire.target.runtime.runner import FastTargetRunner
-from tests.unit.runtime.tiny_targets import tiny
+from eaglewire.engine.runners.factory import make_runner
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
+from eaglewire.engine.runners.recompute import RecomputeRunner
+from tests.unit.engine.runners.tiny_targets import tiny
 
 ATOL = 1e-4
 TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
 
 
 def _script(
-    runner: FastTargetRunner | GenericTargetRunner, ids: torch.Tensor, new: torch.Tensor
+    runner: FastTargetRunner | RecomputeRunner, ids: torch.Tensor, new: torch.Tensor
 ) -> list[torch.Tensor]:
     """prefill (rows of 12 and 10 tokens), a 4-node tree verify, commit, one decode step."""
     runner.reset(2)
@@ -27,22 +27,22 @@ def _script(
     return [t for o in outs for t in (o.logits, o.aux)]
 
 
-def test_generic_matches_fast_runner() -> None:
+def test_recompute_matches_fast_runner() -> None:
     target = tiny("llama")
     L = target.num_layers
     g = torch.Generator().manual_seed(5)
     ids, new = torch.randint(0, 384, (2, 12), generator=g), torch.randint(0, 384, (2, 4), generator=g)
     fast = _script(FastTargetRunner(target, (1, L), max_batch_size=2, max_seq_len=32), ids, new)
-    slow = _script(GenericTargetRunner(target, (1, L), max_batch_size=2, max_seq_len=32), ids, new)
+    slow = _script(RecomputeRunner(target, (1, L), max_batch_size=2, max_seq_len=32), ids, new)
     for a, b in zip(fast, slow, strict=True):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
-def test_factory_routes_deepseek_to_generic_and_it_matches_hf() -> None:
+def test_factory_routes_deepseek_to_recompute_and_it_matches_hf() -> None:
     target = tiny("deepseek_v3", 2)
-    runner = make_target_runner(target, (1, 2), max_batch_size=2, max_seq_len=32)
-    assert isinstance(runner, GenericTargetRunner)
-    assert isinstance(make_target_runner(tiny("qwen3"), (1,), 1, 8), FastTargetRunner)
+    runner = make_runner(target, (1, 2), max_batch_size=2, max_seq_len=32)
+    assert isinstance(runner, RecomputeRunner)
+    assert isinstance(make_runner(tiny("qwen3"), (1,), max_batch_size=1, max_seq_len=8), FastTargetRunner)
     g = torch.Generator().manual_seed(6)
     ids, new = torch.randint(0, 384, (2, 12), generator=g), torch.randint(0, 384, (2, 4), generator=g)
     last = _script(runner, ids, new)[-2][:, 0]  # logits of the final decode step

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.runners.recompute import RecomputeRunner
+from eaglewire.errors import ConfigError
 from tests.unit.engine.runners.tiny_targets import tiny
 
 ATOL = 1e-4
@@ -55,3 +57,23 @@ def test_factory_routes_deepseek_to_recompute_and_it_matches_hf() -> None:
         ref = target.model(seq[None]).logits[0, -1]
         torch.testing.assert_close(last[b], ref, atol=ATOL, rtol=0)
     assert runner.lengths.tolist() == [15, 12]  # the last decode step is not committed
+
+
+def test_factory_kinds_and_recompute_limits() -> None:
+    """'hf' always recomputes, within the length asked for (else the model's positions); misuse is a
+    ConfigError that says the fix."""
+    target = tiny("llama")
+    assert isinstance(make_runner(target, (1,), "auto", max_seq_len=32), FastTargetRunner)
+    runner = make_runner(target, (1,), "hf", max_seq_len=16)
+    assert isinstance(runner, RecomputeRunner) and runner.max_seq_len == 16
+    positions = target.config.max_position_embeddings
+    assert make_runner(target, (1,), "hf").max_seq_len == positions
+    with pytest.raises(ConfigError, match="expected auto, fast or hf"):
+        make_runner(target, (1,), "gguf")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="fix: build the runner with a larger max_batch_size"):
+        runner.reset(2)
+    runner.reset(1)
+    with pytest.raises(ConfigError, match="sequence full"):
+        runner.forward(torch.zeros(1, 17, dtype=torch.long), torch.arange(17)[None])
+    with pytest.raises(ConfigError, match="fix: load the target in the dtype you want"):
+        RecomputeRunner(target, (1,), dtype=torch.float16)

@@ -154,7 +154,7 @@ def test_dispatch(tiny):
     assert run(fast, GREEDY).loop == "lockstep"  # CPU: nothing to overlap, so auto keeps lockstep
     assert run(fast, GREEDY, launch_ahead=True).loop == "launch_ahead"
     assert run(fast, sampled).loop == "lockstep"  # sampled verification decides on the host
-    assert run(hf, GREEDY).loop == "lockstep"  # the HF runner has no device-side verdict
+    assert run(hf, GREEDY).loop == "lockstep"  # the recompute runner has no device-side verdict
     assert run(fast, GREEDY, launch_ahead=False).loop == "lockstep"
     for runner, sampling in ((hf, GREEDY), (fast, sampled)):
         with pytest.raises(ConfigError, match="launch_ahead=True"):

@@ -1,5 +1,5 @@
 """Speculative greedy == plain greedy, token for token: chain and tree, untrained and trained
-drafts, several prompts and lengths, on the HF runner and (when present) the fast runtime."""
+drafts, several prompts and lengths, on the recompute runner and the fast runtime."""
 
 from __future__ import annotations
 

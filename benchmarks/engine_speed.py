@@ -31,10 +31,10 @@ import torch
 
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.engine.runners.fast.model import KernelChoices
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
+from eaglewire.engine.runners.fast.weights import weight_bytes
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.model import KernelChoices
-from eaglewire.target.runtime.runner import FastTargetRunner
-from eaglewire.target.runtime.weights import weight_bytes
 
 HBM_BYTES_PER_S = 4.3e12  # the H200 figure (a device-to-device copy measures about this)
 

@@ -47,9 +47,9 @@ from torch.profiler import ProfilerActivity, profile
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.draft.config import draft_config_for_target
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.engine.api import make_runner
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
@@ -245,7 +245,7 @@ def component_rows(target: LoadedTarget, args: argparse.Namespace) -> list[dict[
     """The pieces of one round on a 128-token context: target forwards of 1, 6 (chain) and 16 (tree)
     tokens, greedy verification of 6 and 16 nodes (one host read each), a chain-5 and a 6x4x16 draft,
     an extend of 3 rows."""
-    from eaglewire.engine.interfaces import commit_leading
+    from eaglewire.engine.runners.protocol import commit_leading
     from eaglewire.engine.tree import tree_from_parents
     from eaglewire.engine.verify import verdict_from_path, verify_greedy
 
@@ -392,9 +392,9 @@ def regeneration_rows(target: LoadedTarget, args: argparse.Namespace) -> list[di
 
 
 def make_runner_batched(target: LoadedTarget, batch: int, max_seq_len: int) -> Any:
-    from eaglewire.target.runtime.factory import make_target_runner
+    from eaglewire.engine.runners.factory import make_runner
 
-    return make_target_runner(target, (), max_batch_size=batch, max_seq_len=max_seq_len)
+    return make_runner(target, (), max_batch_size=batch, max_seq_len=max_seq_len)
 
 
 def main() -> None:

@@ -31,13 +31,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.fast.model import TRITON_ATTENTION_MAX_ROWS, KernelChoices
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.model import TRITON_ATTENTION_MAX_ROWS, KernelChoices
-from eaglewire.target.runtime.runner import FastTargetRunner
 
 SETTINGS: dict[str, SpecArgs | None] = {
     "plain": None,

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eaglewire.target.runtime.model import TRITON_ATTENTION_MAX_ROWS, KernelChoices, prepare
-from eaglewire.target.runtime.runner import FastTargetRunner
+from eaglewire.engine.runners.fast.model import TRITON_ATTENTION_MAX_ROWS, KernelChoices, prepare
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from tests.helpers.tiny import make_tiny_target
 from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS
 
@@ -38,7 +38,7 @@ def random_tree_mask(g: torch.Generator, B: int, N: int) -> torch.Tensor:
     ("B", "N", "committed"), [(1, 1, 200), (1, 6, 300), (1, 16, 130), (1, 128, 310), (4, 1, 90)]
 )
 def test_cache_attention_equals_sdpa(B: int, N: int, committed: int, dtype: torch.dtype) -> None:
-    from eaglewire.target.runtime.attention_triton import cache_attention
+    from eaglewire.engine.runners.fast.attention_triton import cache_attention
 
     g = torch.Generator().manual_seed(N * 7 + B)
     Smax, S = 1024, ((committed + N + 63) // 64) * 64  # the attended window, in 64-slot buckets

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglewire.engine.plain import generate_plain_with_stats
-from eaglewire.target.runtime.factory import make_target_runner
+from eaglewire.engine.runners.factory import make_runner
 from tests.helpers.tiny import make_tiny_target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -23,7 +23,7 @@ def test_continuous_equals_batched_on_cuda_graphs() -> None:
         torch.randint(3, 384, (int(n),), generator=g).tolist()
         for n in torch.randint(2, 40, (37,), generator=g)
     ]
-    runner = make_target_runner(target, (), max_batch_size=16, max_seq_len=128)
+    runner = make_runner(target, (), max_batch_size=16, max_seq_len=128)
     assert getattr(runner, "use_graphs", False)
     free = generate_plain_with_stats(runner, prompts, 24, eos_token_ids=())
     counts = torch.bincount(torch.tensor([t for row in free.tokens for t in row[1:]]))

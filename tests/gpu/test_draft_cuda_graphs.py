@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.api import SpeculativeDecoder
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from tests.gpu.conftest import SPECS, TOKENS, tiny_on_cuda
 from tests.unit.engine.conftest import Tiny
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.engine.api import make_runner
+from eaglewire.engine.decode_trace import DecodeTrace
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
-from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
 from tests.gpu.conftest import SPECS, TOKENS, tiny_on_cuda
 from tests.unit.engine.conftest import Tiny, inside_blocks

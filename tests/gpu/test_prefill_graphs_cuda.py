@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.target.runtime.runner import FastTargetRunner
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from tests.helpers.tiny import make_tiny_target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

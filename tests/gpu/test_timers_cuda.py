@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from eaglewire.engine.api import make_runner
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.timers import PhaseTimers

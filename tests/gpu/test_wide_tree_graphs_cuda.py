@@ -13,7 +13,8 @@ import logging
 import pytest
 import torch
 
-from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.api import SpeculativeDecoder
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.spec_args import SpecArgs
 from tests.gpu.conftest import TOKENS, tiny_on_cuda
 
@@ -26,7 +27,7 @@ def test_wide_tree_verifies_through_a_graph_and_stays_lossless(caplog):
     tiny, trained = tiny_on_cuda(TOKENS)
     runner = make_runner(tiny.target, tiny.contract.aux_boundaries, "fast", max_seq_len=512)
     dec = SpeculativeDecoder(runner, trained, WIDE, tokenizer=tiny.target.tokenizer)
-    with caplog.at_level(logging.WARNING, logger="eaglewire.target.runtime.runner"):
+    with caplog.at_level(logging.WARNING, logger="eaglewire.engine.runners.fast.runner"):
         results = [dec.generate(p, max_new_tokens=TOKENS) for p in tiny.prompts]
     for result, reference in zip(results, tiny.references, strict=True):
         assert result.token_ids == reference

@@ -54,7 +54,8 @@ class Engine:
 def load_engine(target: LoadedTarget, draft_dir: Path | None, *, max_seq_len: int) -> Engine:
     """The batch-1 speculative runner for `target` and the draft in `draft_dir` (None: no draft)."""
     from eaglewire.draft.io import load_draft
-    from eaglewire.engine.api import check_draft_fits_target, make_runner
+    from eaglewire.engine.api import check_draft_fits_target
+    from eaglewire.engine.runners.factory import make_runner
 
     draft = None
     contract = None
@@ -102,11 +103,11 @@ def speculative_fn(engine: Engine, spec: SpecArgs | None) -> Callable[[list[int]
 def make_plain_runner(engine: Engine, batch_size: int) -> Any:
     """A runner for `eaglewire.engine.plain` (no aux capture) holding `batch_size` sequences (kept
     in `engine.plain_runners`)."""
-    from eaglewire.target.runtime.factory import make_target_runner
+    from eaglewire.engine.runners.factory import make_runner
 
     runner = engine.plain_runners.get(batch_size)
     if runner is None:
-        runner = engine.plain_runners[batch_size] = make_target_runner(
+        runner = engine.plain_runners[batch_size] = make_runner(
             engine.target, (), max_batch_size=batch_size, max_seq_len=engine.max_seq_len
         )
     return runner

@@ -27,7 +27,7 @@ import torch
 
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.engine.interfaces import TargetForward
+from eaglewire.engine.runners.protocol import TargetForward
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.target.capture import capture

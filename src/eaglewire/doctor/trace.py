@@ -25,9 +25,9 @@ from torch import nn
 from eaglewire.contract.contract import Contract
 from eaglewire.contract.numbering import describe_boundary
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.engine.api import RunnerKind, make_runner
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.interfaces import TargetForward, TargetRunner
+from eaglewire.engine.runners.factory import RunnerKind, make_runner
+from eaglewire.engine.runners.protocol import TargetForward, TargetRunner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate

@@ -11,32 +11,28 @@ output follows the target's processed (temperature, top-p) distribution exactly.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.draft.io import load_draft
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.engine.decode_trace import DecodeTrace, RoundCallback
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.hf_runner import HFTargetRunner
-from eaglewire.engine.interfaces import TargetRunner
+from eaglewire.engine.runners.factory import RunnerKind, make_runner
+from eaglewire.engine.runners.protocol import TargetRunner
 from eaglewire.engine.sampling import SamplingParams, make_generator
 from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs
-from eaglewire.engine.speculative import DecodeTrace, RoundCallback, speculative_generate
+from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.verify import StopRule
 from eaglewire.errors import ConfigError, ContractMismatchError
 from eaglewire.target.identity import target_identity
 from eaglewire.target.loading import LoadedTarget, load_target
-
-log = logging.getLogger(__name__)
-
-RunnerKind = Literal["auto", "fast", "hf"]
 
 
 @dataclass
@@ -58,37 +54,6 @@ class GenerationResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-DEFAULT_MAX_SEQ_LEN = 4096
-
-
-def make_runner(
-    target: LoadedTarget,
-    aux_boundaries: Sequence[int],
-    kind: RunnerKind = "auto",
-    *,
-    max_seq_len: int | None = None,
-) -> TargetRunner:
-    """A batch-1 runner. 'auto': the fast runtime (static KV cache; a generic transformers path for
-    architectures it does not cover), else the full-recompute HF runner; 'fast' / 'hf' force one.
-    max_seq_len (prompt + generated + one tree) defaults to min(max_position_embeddings, 4096)."""
-    if kind not in ("auto", "fast", "hf"):
-        raise ConfigError(f"runner: expected auto, fast or hf, got {kind!r}")
-    if kind == "hf":
-        return HFTargetRunner(target.model, aux_boundaries)
-    try:
-        from eaglewire.target.runtime.factory import make_target_runner
-    except ImportError:
-        if kind == "fast":
-            raise ConfigError("runner 'fast': eaglewire.target.runtime is not available") from None
-        log.info("fast target runtime not available; using the full-recompute HF runner")
-        return HFTargetRunner(target.model, aux_boundaries)
-    if max_seq_len is None:
-        max_seq_len = min(
-            int(getattr(target.config, "max_position_embeddings", DEFAULT_MAX_SEQ_LEN)), DEFAULT_MAX_SEQ_LEN
-        )
-    return make_target_runner(target, list(aux_boundaries), max_batch_size=1, max_seq_len=max_seq_len)
 
 
 def check_draft_fits_target(contract: Contract, target: LoadedTarget) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from eaglewire.engine.plain import PREFILL_TOKEN_BUDGET, PlainResult, right_padded, sample_next
+from eaglewire.engine.plain_parts import PREFILL_TOKEN_BUDGET, PlainResult, right_padded, sample_next
 
 REFILL_FRACTION = 0.25  # refill once this share of the rows is free (each refill is a prefill forward)
 

@@ -34,13 +34,13 @@ import torch
 from eaglewire.draft.model import DraftOutput, Eagle3Draft
 from eaglewire.engine.beam import CandidatePool, Frontier, top_indices, top_k_log_probs_for
 from eaglewire.engine.draft_cache import INITIAL_CACHE_ROWS, DraftCache
+from eaglewire.engine.runners.fast.graphs import GraphCache, own_code
+from eaglewire.engine.runners.fast.kv_cache import PREFILL_MAX_WIDTH, kv_bucket, prefill_width
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.tree import DeviceRoot, DraftTree, root_only, select_nodes
 from eaglewire.engine.verify import DeviceVerdict
 from eaglewire.errors import ConfigError
-from eaglewire.target.runtime.graphs import GraphCache, own_code
-from eaglewire.target.runtime.kv_cache import PREFILL_MAX_WIDTH, kv_bucket, prefill_width
 
 log = logging.getLogger(__name__)
 

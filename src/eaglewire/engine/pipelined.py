@@ -30,19 +30,16 @@ generation (max_new_tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from eaglewire.engine.decode_trace import DecodeTrace
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.interfaces import LaunchAheadRunner, TargetRunner, can_launch_ahead
+from eaglewire.engine.runners.protocol import LaunchAheadRunner, TargetRunner, can_launch_ahead
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.tree import DeviceRoot, root_only
 from eaglewire.engine.verify import DeviceVerdict, StopRule, verdict_from_values
 from eaglewire.errors import ConfigError
-
-if TYPE_CHECKING:
-    from eaglewire.engine.speculative import DecodeTrace
 
 
 class VerdictCopies:

@@ -24,18 +24,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from eaglewire.engine.interfaces import commit_leading
+from eaglewire.engine.continuous import generate_continuous, supports_continuous
+from eaglewire.engine.plain_parts import PREFILL_TOKEN_BUDGET, PlainResult, right_padded, sample_next
+from eaglewire.engine.runners.factory import make_runner
+from eaglewire.engine.runners.protocol import commit_leading
 from eaglewire.errors import ConfigError
 from eaglewire.target.loading import LoadedTarget
 
 log = logging.getLogger(__name__)
 
-PREFILL_TOKEN_BUDGET = 16384  # tokens per prefill forward (B * chunk width)
 # A batch's prompts are right-padded to its longest; a prompt shorter than longest / PAD_RATIO starts a
 # new batch, so one long outlier cannot multiply the prefill cost of a whole batch.
 PAD_RATIO = 2.0
@@ -45,48 +46,6 @@ DEFAULT_MAX_BATCH = 256
 # at the runner's max_batch_size), so a whole regeneration captures graphs for a handful of sizes.
 GRAPH_SMALL_ROWS = (1, 2, 4, 8)
 GRAPH_ROW_STEP = 64
-
-
-@dataclass
-class PlainResult:
-    tokens: list[list[int]]  # generated ids per prompt, in prompt order
-    prompt_tokens: int
-    new_tokens: int
-    prefill_seconds: float
-    decode_seconds: float
-    forwards: int  # decode forwards run (all batches)
-    graphs_captured: int = 0  # CUDA graphs the runner captured during this call
-    graph_capture_seconds: float = 0.0  # seconds those captures took (compilation included)
-
-    @property
-    def seconds(self) -> float:
-        return self.prefill_seconds + self.decode_seconds
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second, prefill included."""
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-
-def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
-) -> torch.Tensor:
-    """logits [B, V] float32 -> next ids [B]. temperature 0 = argmax; else softmax(logits/T),
-    restricted to the smallest top-p nucleus, sampled by the exponential race (no host sync)."""
-    if temperature <= 0.0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(dim=-1)
 
 
 def padded_rows(n: int, max_rows: int) -> int:
@@ -111,15 +70,6 @@ def _graph_stats(runner: Any) -> tuple[int, float]:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def right_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """prompts -> (ids [B, T] right-padded with 0, lengths [B]) on the host; T = the longest."""
-    lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    ids = torch.zeros(len(prompts), int(lens.max()), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-    return ids, lens
 
 
 def _prefill(runner: Any, prompts: list[list[int]], budget: int) -> torch.Tensor:
@@ -212,10 +162,8 @@ def _as_runner(
 ) -> Any:
     if not isinstance(runner_or_target, LoadedTarget):
         return runner_or_target
-    from eaglewire.target.runtime.factory import make_target_runner
-
     longest = max(len(p) for p in prompts)
-    return make_target_runner(
+    return make_runner(
         runner_or_target,
         (),
         max_batch_size=min(max_batch_size, len(prompts)),
@@ -251,7 +199,7 @@ def generate_plain_with_stats(
 ) -> PlainResult:
     """Decode every prompt (token ids) up to `max_new_tokens` new tokens or an eos.
 
-    runner_or_target: a TargetRunner (FastTargetRunner/GenericTargetRunner; its max_batch_size and
+    runner_or_target: a TargetRunner (FastTargetRunner/RecomputeRunner; its max_batch_size and
     max_seq_len bound the batches) or a LoadedTarget (a runner is built for these prompts).
     eos_token_ids: None = the runner's/target's own eos ids; () = never stop early.
     Prompts are batched longest first, `max_batch_size` (or the runner's) at a time.
@@ -282,8 +230,6 @@ def generate_plain_with_stats(
     per_batch = min(max_batch_size, runner.max_batch_size)
     pad = bool(getattr(runner, "use_graphs", False)) if pad_rows is None else pad_rows
     if continuous:
-        from eaglewire.engine.continuous import generate_continuous, supports_continuous
-
         if supports_continuous(runner) and longest <= PREFILL_TOKEN_BUDGET:
             rows = min(per_batch, len(prompts))
             result = generate_continuous(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from eaglewire.engine.plain import DEFAULT_MAX_BATCH, generate_plain, padded_rows
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.errors import ConfigError
 from eaglewire.target.loading import LoadedTarget
 
@@ -65,15 +66,13 @@ class ReusedRunnerGenerate:
         need_rows = min(len(prompts), self.max_batch_size)
         runner = self.runner
         if runner is None or runner.max_seq_len < need_len or runner.max_batch_size < need_rows:
-            from eaglewire.target.runtime.factory import make_target_runner
-
             rows = max(need_rows, self.reserved_rows, runner.max_batch_size if runner is not None else 0)
             if target.device.type == "cuda":  # graphs: batches run padded, so hold the padded rows
                 rows = padded_rows(rows, max(rows, self.max_batch_size))
             length = max(need_len, self.reserved_seq_len)
             length = -(-length // RUNNER_LENGTH_STEP) * RUNNER_LENGTH_STEP
             self.runner = runner = None  # free the old cache before allocating the new one
-            runner = make_target_runner(target, (), max_batch_size=rows, max_seq_len=length)
+            runner = make_runner(target, (), max_batch_size=rows, max_seq_len=length)
             log.info("plain generation runner: max_batch_size=%d, max_seq_len=%d", rows, length)
             self.runner = runner
         return generate_plain(

@@ -18,8 +18,8 @@ Two loops run these rounds, chosen in one place (`speculative_generate`):
   - launch-ahead (`engine.pipelined`): greedy on a CUDA runner that verifies inside its forward
     and takes a length bound (`can_launch_ahead`; the fast runtime). Round k+1 is enqueued from
     round k's device-side verdict before the host reads it; bookkeeping runs a round late.
-  - lockstep (`_lockstep_rounds`, below): everything else (sampling decides on the host; the HF
-    and generic runners; CPU, where nothing runs asynchronously to overlap). Each round waits
+  - lockstep (`_lockstep_rounds`, below): everything else (sampling decides on the host; the
+    recompute runner; CPU, where nothing runs asynchronously to overlap). Each round waits
     for its verdict before the next is enqueued.
 Both emit the same tokens and the same per-round traces (`launch_ahead=True` runs the first on
 CPU too: the tests pin it there).
@@ -32,52 +32,23 @@ that round with finish_reason "cancelled" (a server whose client went away stops
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from eaglewire.engine.decode_trace import DecodeTrace, RoundCallback
 from eaglewire.engine.drafting import Drafter
-from eaglewire.engine.interfaces import TargetRunner, can_launch_ahead, commit_leading, reserve_verify_width
 from eaglewire.engine.pipelined import launch_ahead_rounds
+from eaglewire.engine.runners.protocol import (
+    TargetRunner,
+    can_launch_ahead,
+    commit_leading,
+    reserve_verify_width,
+)
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.timers import PhaseTimers
 from eaglewire.engine.tree import root_only
 from eaglewire.engine.verify import StopRule, Verdict, verdict_from_path, verify
 from eaglewire.errors import ConfigError
-
-# Called after each verified round with the tokens it added; False = stop here ("cancelled").
-RoundCallback = Callable[[list[int]], bool]
-
-
-@dataclass
-class DecodeTrace:
-    token_ids: list[int]  # generated tokens (eos included when it ended the generation)
-    finish_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "cancelled" (on_round said stop)
-    accepted_per_round: list[int] = field(default_factory=list)  # drafts each verification accepted
-    emitted_per_round: list[int] = field(default_factory=list)  # tokens it produced, bonus included
-    accepted_paths: list[list[int]] = field(default_factory=list)  # tree nodes each accepted, root first
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    loop: str = "lockstep"  # "lockstep" | "launch_ahead": which round loop ran (module doc)
-    on_round: RoundCallback | None = field(default=None, repr=False, compare=False)  # module doc
-
-    @property
-    def num_verifications(self) -> int:
-        return len(self.accepted_per_round)
-
-    def record(self, verdict: Verdict, stop: StopRule) -> bool:
-        """Take one verified round: its counts, and the tokens `stop` keeps of what it emitted.
-        True when the generation ends here (`finish_reason` then says why)."""
-        self.accepted_per_round.append(verdict.num_accepted_drafts)
-        self.emitted_per_round.append(len(verdict.emitted))
-        self.accepted_paths.append(list(verdict.path))
-        kept, finish = stop.cut(self.token_ids, verdict.emitted)
-        self.token_ids.extend(kept)
-        if finish is not None:
-            self.finish_reason = finish
-        if self.on_round is not None and not self.on_round(kept) and finish is None:
-            self.finish_reason = finish = "cancelled"
-        return finish is not None
 
 
 def _ids(tokens: list[int], device: torch.device) -> torch.Tensor:

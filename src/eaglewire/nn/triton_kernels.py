@@ -1,6 +1,6 @@
 """Whether this package's Triton kernels can run on a device: the one check that both the drafter's
 fused top-k (`engine.top_k_cuda`) and the target runtime's cache attention
-(`target.runtime.attention_triton`) are chosen by."""
+(`engine.runners.fast.attention_triton`) are chosen by."""
 
 from __future__ import annotations
 

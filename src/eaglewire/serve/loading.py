@@ -20,7 +20,8 @@ from eaglewire.errors import BoundaryError, CheckpointError, ConfigError
 from eaglewire.serve.protocol import GenerationRequest, RequestError
 
 if TYPE_CHECKING:
-    from eaglewire.engine.api import RunnerKind, SpeculativeDecoder
+    from eaglewire.engine.api import SpeculativeDecoder
+    from eaglewire.engine.runners.factory import RunnerKind
     from eaglewire.engine.spec_args import SpecArgs
 
 log = logging.getLogger(__name__)
@@ -163,12 +164,8 @@ class ServedModel:
 
 def load_served_model(options: LoadOptions, name: str) -> ServedModel:
     """Load the target and draft and build the decoder (the slow part: seconds to minutes)."""
-    from eaglewire.engine.api import (
-        DEFAULT_MAX_SEQ_LEN,
-        SpeculativeDecoder,
-        check_draft_fits_target,
-        make_runner,
-    )
+    from eaglewire.engine.api import SpeculativeDecoder, check_draft_fits_target
+    from eaglewire.engine.runners.factory import DEFAULT_MAX_SEQ_LEN, make_runner
     from eaglewire.target.loading import load_target
 
     kind = "none"

@@ -17,8 +17,8 @@ FAULT = os.environ.get("EAGLEWIRE_TEST_FAULT")
 def _accept_first_draft() -> None:
     import torch
 
+    import eaglewire.engine.runners.fast.runner as runner
     import eaglewire.engine.verify as verify
-    import eaglewire.target.runtime.runner as runner
 
     real = verify.greedy_paths
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eaglewire.bench.text_replay import TextRunner, replay_on_texts, text_aux
-from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.api import SpeculativeDecoder
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.target.identity import build_contract

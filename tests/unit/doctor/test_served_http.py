@@ -177,7 +177,8 @@ def engine_texts(
 ) -> list[ServedText]:
     """The first `prompts` prompts (None: all) decoded by the real engine with `draft` (as a server would serve
     them), with its counts."""
-    from eaglewire.engine.api import SpeculativeDecoder, make_runner
+    from eaglewire.engine.api import SpeculativeDecoder
+    from eaglewire.engine.runners.factory import make_runner
 
     runner = make_runner(world.target, world.contract.aux_boundaries)
     decoder = SpeculativeDecoder(runner, draft, spec, eos_token_ids=world.target.eos_token_ids)

@@ -4,7 +4,6 @@ shares no code with the engine)."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import pytest
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.engine.speculative import DecodeTrace
+from eaglewire.engine.decode_trace import DecodeTrace
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
@@ -25,7 +24,7 @@ AUX_BOUNDARIES = (1, 2, 3)
 REFERENCE_TOKENS = 40
 TRAIN_STEPS = 40
 
-RUNNER_KINDS = ["hf"] + (["fast"] if importlib.util.find_spec("eaglewire.target.runtime.factory") else [])
+RUNNER_KINDS = ["hf", "fast"]
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from eaglewire.engine.continuous import _prefill_groups, supports_continuous
-from eaglewire.engine.plain import PREFILL_TOKEN_BUDGET, generate_plain_with_stats
+from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.engine.plain_parts import PREFILL_TOKEN_BUDGET
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.errors import ConfigError
-from eaglewire.target.runtime.factory import make_target_runner
 from tests.helpers.tiny import make_tiny_target
 
 
@@ -27,7 +28,7 @@ def target():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(("rows", "with_eos"), [(4, False), (4, True), (3, True), (16, True)])
 def test_continuous_greedy_equals_batched(target, rows: int, with_eos: bool) -> None:  # type: ignore[no-untyped-def]
     prompts = _prompts(11)
-    runner = make_target_runner(target, (), max_batch_size=rows, max_seq_len=64)
+    runner = make_runner(target, (), max_batch_size=rows, max_seq_len=64)
     assert supports_continuous(runner)
     eos: tuple[int, ...] = ()
     if with_eos:  # the tokens the tiny model emits most often end answers early
@@ -44,7 +45,7 @@ def test_continuous_greedy_equals_batched(target, rows: int, with_eos: bool) -> 
 
 def test_continuous_sampling_keeps_lengths_and_eos_rule(target) -> None:  # type: ignore[no-untyped-def]
     prompts = _prompts(9, seed=1)
-    runner = make_target_runner(target, (), max_batch_size=4, max_seq_len=64)
+    runner = make_runner(target, (), max_batch_size=4, max_seq_len=64)
     out = generate_plain_with_stats(runner, prompts, 10, temperature=1.0, eos_token_ids=(7,), continuous=True)
     for tokens in out.tokens:
         assert 1 <= len(tokens) <= 10
@@ -53,7 +54,7 @@ def test_continuous_sampling_keeps_lengths_and_eos_rule(target) -> None:  # type
 
 
 def test_row_subset_prefill_refuses_rows_in_use(target) -> None:  # type: ignore[no-untyped-def]
-    runner = make_target_runner(target, (), max_batch_size=2, max_seq_len=32)
+    runner = make_runner(target, (), max_batch_size=2, max_seq_len=32)
     runner.reset(2)
     ids = torch.tensor([[5, 6, 7]])
     pos = torch.arange(3)[None]
@@ -105,7 +106,7 @@ def test_regeneration_with_continuous_batching_writes_the_same_answers(tmp_path)
 
 
 def test_refill_beside_a_long_row_needs_room_for_its_own_tokens_only(target) -> None:  # type: ignore[no-untyped-def]
-    runner = make_target_runner(target, (), max_batch_size=2, max_seq_len=64)
+    runner = make_runner(target, (), max_batch_size=2, max_seq_len=64)
     runner.reset(2)
     long = torch.randint(3, 300, (1, 60))
     runner.prefill_rows([0], long, torch.arange(60)[None], torch.tensor([59]))

@@ -8,10 +8,10 @@ import torch
 
 from eaglewire.engine.draft_cache import DraftCache
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.fast.kv_cache import prefill_width
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.target.capture import capture
-from eaglewire.target.runtime.kv_cache import prefill_width
 
 
 def draft_path_logits(draft, aux, tokens, path_tokens, root_position):

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from eaglewire.engine import pipelined
-from eaglewire.engine.api import make_runner
+from eaglewire.engine.decode_trace import DecodeTrace
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.tree import DeviceRoot
 from eaglewire.engine.verify import DeviceVerdict, StopRule
 from eaglewire.errors import ConfigError
@@ -153,7 +154,7 @@ def test_dispatch(tiny):
     assert run(fast, GREEDY).loop == "lockstep"  # CPU: nothing to overlap, so auto keeps lockstep
     assert run(fast, GREEDY, launch_ahead=True).loop == "launch_ahead"
     assert run(fast, sampled).loop == "lockstep"  # sampled verification decides on the host
-    assert run(hf, GREEDY).loop == "lockstep"  # the HF runner has no device-side verdict
+    assert run(hf, GREEDY).loop == "lockstep"  # the recompute runner has no device-side verdict
     assert run(fast, GREEDY, launch_ahead=False).loop == "lockstep"
     for runner, sampling in ((hf, GREEDY), (fast, sampled)):
         with pytest.raises(ConfigError, match="launch_ahead=True"):

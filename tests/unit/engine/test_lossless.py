@@ -1,13 +1,14 @@
 """Speculative greedy == plain greedy, token for token: chain and tree, untrained and trained
-drafts, several prompts and lengths, on the HF runner and (when present) the fast runtime."""
+drafts, several prompts and lengths, on the recompute runner and the fast runtime."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.api import SpeculativeDecoder
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate

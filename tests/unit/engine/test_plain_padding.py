@@ -19,8 +19,8 @@ from eaglewire.engine.plain import (
     padded_rows,
 )
 from eaglewire.engine.reused_runner import ReusedRunnerGenerate
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.errors import ConfigError
-from eaglewire.target.runtime.factory import make_target_runner
 from tests.helpers.tiny import make_tiny_target
 
 # two length buckets (PAD_RATIO 2): 10 rows of 10..19 tokens, then 3 rows of 2..4 tokens
@@ -65,7 +65,7 @@ def test_padded_rows_rejects_impossible_batches() -> None:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_padding_changes_no_row(temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
     target = make_tiny_target("llama", num_layers=2)
-    runner = make_target_runner(target, (), max_batch_size=70, max_seq_len=64)
+    runner = make_runner(target, (), max_batch_size=70, max_seq_len=64)
     assert not getattr(runner, "use_graphs", False)  # CPU: no graphs, so no padding unless forced
     sizes: list[int] = []
     real_reset = runner.reset
@@ -95,7 +95,7 @@ def test_padding_changes_no_row(temperature: float, monkeypatch: pytest.MonkeyPa
 def test_padding_rows_do_not_delay_the_early_stop() -> None:
     """Every real row stops at its first token; the dummy rows (never done) must not keep it going."""
     target = make_tiny_target("llama", num_layers=2)
-    runner = make_target_runner(target, (), max_batch_size=8, max_seq_len=64)
+    runner = make_runner(target, (), max_batch_size=8, max_seq_len=64)
     prompts = _prompts()[10:]  # 3 rows -> padded to 4
     every_id = list(range(runner.vocab_size))
     plain = generate_plain_with_stats(runner, prompts, 40, eos_token_ids=every_id, check_every=4)

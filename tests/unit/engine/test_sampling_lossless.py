@@ -11,8 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eaglewire.draft.init import init_draft
-from eaglewire.engine.api import SpeculativeDecoder, make_runner
+from eaglewire.engine.api import SpeculativeDecoder
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams, probs_from_logits
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.target.capture import capture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eaglewire.engine.api import SpeculativeDecoder
-from eaglewire.engine.interfaces import can_launch_ahead
+from eaglewire.engine.runners.protocol import can_launch_ahead
 from eaglewire.engine.sampling import SamplingParams, make_generator
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule

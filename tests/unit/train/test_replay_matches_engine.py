@@ -27,11 +27,12 @@ from eaglewire.contract.contract import Contract
 from eaglewire.data.types import TokenizedRecord
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.engine.api import make_runner
+from eaglewire.engine.decode_trace import DecodeTrace
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.engine.speculative import DecodeTrace, speculative_generate
+from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget

@@ -103,7 +103,7 @@ def check_fast_supported(config: Any, max_seq_len: int) -> None:
     if family not in LLAMA_FAMILY:
         raise UnsupportedArchitectureError(
             f"fast target runtime: architecture {arch} ({family}) is not in the Llama family {sorted(LLAMA_FAMILY)}",
-            fix="use make_target_runner(...), which falls back to the generic transformers runner",
+            fix="use make_runner(...), which falls back to the recompute runner",
         )
     act = _cfg(config, "hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
@@ -115,7 +115,7 @@ def check_fast_supported(config: Any, max_seq_len: int) -> None:
         raise UnsupportedArchitectureError(
             f"fast target runtime: config.sliding_window={window} is smaller than max_seq_len={max_seq_len}; "
             "the compact model implements full attention only",
-            fix=f"use max_seq_len <= {window}, or the generic runner (make_target_runner falls back to it)",
+            fix=f"use max_seq_len <= {window}, or the recompute runner (make_runner falls back to it)",
         )
 
 

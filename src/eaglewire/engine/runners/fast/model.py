@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from eaglewire.engine.runners.fast.weights import ModelSpec
 from eaglewire.nn.rope import apply_rope
 from eaglewire.nn.triton_kernels import triton_kernels_run_on
-from eaglewire.target.runtime.weights import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def make_layer_fn(
         )
     cache_attention = None
     if kc.attention == "triton":  # imported here, outside the traced layer
-        from eaglewire.target.runtime.attention_triton import cache_attention
+        from eaglewire.engine.runners.fast.attention_triton import cache_attention
 
     def layer(
         h: torch.Tensor,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.engine.api import make_runner
-from eaglewire.engine.hf_runner import HFTargetRunner
+from eaglewire.engine.runners.factory import make_runner
+from eaglewire.engine.runners.recompute import RecomputeRunner
 from eaglewire.engine.tree import tree_from_parents
+from eaglewire.errors import ConfigError
 from eaglewire.target.capture import capture
 from tests.unit.engine.conftest import RUNNER_KINDS
 
@@ -53,9 +54,9 @@ def test_tree_forward_equals_path_forwards(tiny, kind):
     torch.testing.assert_close(nxt.logits[0, 0], ref_logits, rtol=1e-4, atol=1e-4)
 
 
-def test_hf_runner_rejects_out_of_order_commits(tiny):
-    runner = HFTargetRunner(tiny.target.model, tiny.contract.aux_boundaries)
+def test_recompute_runner_rejects_out_of_order_commits(tiny):
+    runner = RecomputeRunner(tiny.target, tiny.contract.aux_boundaries)
     runner.reset(1)
     runner.forward(torch.tensor([[5, 6, 7]]), torch.tensor([[0, 1, 2]]))
-    with pytest.raises(ValueError, match="positions of the accepted tokens"):
+    with pytest.raises(ConfigError, match="positions of the accepted tokens"):
         runner.commit(torch.tensor([[0, 2]]), torch.tensor([2]))

@@ -1,4 +1,4 @@
-"""The seam between the target runtime (fast or generic) and the speculative decoder.
+"""The seam between a target runner (fast or recompute) and the decoding loops above it.
 
 A `TargetRunner` owns the target's KV cache. Each `forward` appends N new tokens *provisionally*
 (they attend to the committed prefix plus each other through `tree_mask`); `commit` then keeps
@@ -11,10 +11,13 @@ comes out of verification for free.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard
 
 import torch
+
+from eaglewire.errors import BoundaryError, expected_actual
 
 
 @dataclass
@@ -55,6 +58,18 @@ class TargetRunner(Protocol):
         how many of each row are real (the rest is padding). Keeps those tokens' K/V at positions
         len..len+num_accepted-1 and advances `lengths`."""
         ...
+
+
+def check_boundaries(aux_boundaries: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """The aux boundaries a runner captures, each a boundary of a `num_layers`-layer target."""
+    bounds = tuple(int(b) for b in aux_boundaries)
+    bad = [b for b in bounds if not 0 <= b <= num_layers]
+    if bad:
+        raise BoundaryError(
+            expected_actual("aux_boundaries", f"each in 0..L={num_layers}", list(bounds)),
+            fix="take the boundaries from the draft's contract.json (or contract.default_boundaries)",
+        )
+    return bounds
 
 
 def commit_leading(runner: TargetRunner, counts: torch.Tensor, width: int) -> None:
@@ -99,8 +114,8 @@ class LaunchAheadRunner(TargetRunner, Protocol):
 
 
 def can_launch_ahead(runner: TargetRunner) -> TypeGuard[LaunchAheadRunner]:
-    """Whether `runner` offers what `LaunchAheadRunner` names (the fast runtime does; the HF and
-    generic runners, which recompute on the host's schedule, do not)."""
+    """Whether `runner` offers what `LaunchAheadRunner` names (the fast runtime does; the recompute
+    runner, which recomputes on the host's schedule, does not)."""
     params = inspect.signature(runner.forward).parameters
     return (
         "greedy" in params

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from eaglewire.contract.contract import FinalState
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.errors import BoundaryError, ConfigError, UnsupportedArchitectureError
 from eaglewire.target.capture import capture
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.runner import FastTargetRunner
-from tests.unit.runtime.tiny_targets import tiny
+from tests.unit.engine.runners.tiny_targets import tiny
 
 ATOL = 1e-4
 
@@ -115,5 +115,5 @@ def test_input_errors_name_the_tensor() -> None:
 
 
 def test_non_llama_architecture_is_refused_by_the_fast_runner() -> None:
-    with pytest.raises(UnsupportedArchitectureError, match="generic"):
+    with pytest.raises(UnsupportedArchitectureError, match="recompute runner"):
         FastTargetRunner(tiny("deepseek_v3", 2), (1,), max_batch_size=1, max_seq_len=8)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from eaglewire.target.runtime.kv_cache import kv_bucket
-from eaglewire.target.runtime.runner import FastTargetRunner
-from tests.unit.runtime.tiny_targets import tiny
+from eaglewire.engine.runners.fast.kv_cache import kv_bucket
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
+from tests.unit.engine.runners.tiny_targets import tiny
 
 ATOL = 1e-4
 

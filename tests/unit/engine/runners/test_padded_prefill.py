@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.target.runtime.kv_cache import prefill_width
-from eaglewire.target.runtime.runner import FastTargetRunner, pad_prefill
-from tests.unit.runtime.tiny_targets import tiny
+from eaglewire.engine.runners.fast.kv_cache import prefill_width
+from eaglewire.engine.runners.fast.runner import FastTargetRunner, pad_prefill
+from tests.unit.engine.runners.tiny_targets import tiny
 
 ATOL = 1e-4
 

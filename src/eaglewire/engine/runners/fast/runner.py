@@ -19,28 +19,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from eaglewire.engine.interfaces import TargetForward
+from eaglewire.engine.runners.fast.graphs import GraphCache, own_code
+from eaglewire.engine.runners.fast.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
+from eaglewire.engine.runners.fast.model import KernelChoices, make_head_fn, make_layer_fn, prepare
+from eaglewire.engine.runners.fast.weights import check_fast_supported, extract_weights
+from eaglewire.engine.runners.protocol import TargetForward, check_boundaries
 from eaglewire.engine.verify import greedy_paths
-from eaglewire.errors import BoundaryError, ConfigError, expected_actual
+from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.graphs import GraphCache, own_code
-from eaglewire.target.runtime.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
-from eaglewire.target.runtime.model import KernelChoices, make_head_fn, make_layer_fn, prepare
-from eaglewire.target.runtime.weights import check_fast_supported, extract_weights
 
 if TYPE_CHECKING:
     from eaglewire.engine.forced import ForcedAcceptance
 
 log = logging.getLogger(__name__)
-
-
-def check_boundaries(aux_boundaries: Sequence[int], num_layers: int) -> tuple[int, ...]:
-    bounds = tuple(int(b) for b in aux_boundaries)
-    bad = [b for b in bounds if not 0 <= b <= num_layers]
-    if bad:
-        raise BoundaryError(expected_actual("aux_boundaries", f"each in 0..L={num_layers}", list(bounds)))
-    return bounds
 
 
 # Which dims of each compiled-function input are the batch (B), new tokens (N) and window (S) axes.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eaglewire.target.runtime.graphs import own_code
-from eaglewire.target.runtime.model import KernelChoices, attention_reduce, linear
+from eaglewire.engine.runners.fast.graphs import own_code
+from eaglewire.engine.runners.fast.model import KernelChoices, attention_reduce, linear
 
 
 def test_reduction_forms_equal_the_library_ops() -> None:
@@ -38,7 +38,7 @@ def test_own_code_copies_behave_like_the_original_with_a_distinct_code_object() 
 def test_auto_attention_is_triton_for_decode_sized_forwards_on_cuda_and_sdpa_elsewhere(monkeypatch) -> None:
     import importlib.util
 
-    from eaglewire.target.runtime.model import TRITON_ATTENTION_MAX_ROWS
+    from eaglewire.engine.runners.fast.model import TRITON_ATTENTION_MAX_ROWS
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(

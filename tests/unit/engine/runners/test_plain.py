@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import eaglewire.engine.plain as plain
-from eaglewire.engine.plain import generate_plain, generate_plain_with_stats, sample_next
+from eaglewire.engine.plain import generate_plain, generate_plain_with_stats
+from eaglewire.engine.plain_parts import sample_next
+from eaglewire.engine.runners.factory import make_runner
 from eaglewire.errors import ConfigError
-from eaglewire.target.runtime.factory import make_target_runner
-from tests.unit.runtime.tiny_targets import tiny
+from tests.unit.engine.runners.tiny_targets import tiny
 
 LENGTHS = [5, 17, 9, 30, 1, 12]
 
@@ -22,7 +23,7 @@ def _prompts(seed: int = 1) -> list[list[int]]:
 def test_batched_greedy_equals_batch_one_and_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     target = tiny("qwen2")
     prompts = _prompts()
-    runner = make_target_runner(target, (), max_batch_size=8, max_seq_len=64)
+    runner = make_runner(target, (), max_batch_size=8, max_seq_len=64)
     batched = generate_plain_with_stats(runner, prompts, 12, eos_token_ids=())
     assert [len(t) for t in batched.tokens] == [12] * len(prompts)
     assert batched.new_tokens == 12 * len(prompts) and batched.tokens_per_s > 0
@@ -33,11 +34,11 @@ def test_batched_greedy_equals_batch_one_and_transformers(monkeypatch: pytest.Mo
             torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
         )
         assert hf[0, len(p) :].tolist() == got
-    # chunked prefill (small token budget) and the generic runner give the same tokens
+    # chunked prefill (small token budget) and the recompute runner give the same tokens
     monkeypatch.setattr(plain, "PREFILL_TOKEN_BUDGET", 40)
     assert generate_plain(runner, prompts, 12, eos_token_ids=()) == batched.tokens
-    generic = make_target_runner(target, (), max_batch_size=8, max_seq_len=64, prefer_fast=False)
-    assert generate_plain(generic, prompts, 12, eos_token_ids=()) == batched.tokens
+    recompute = make_runner(target, (), "hf", max_batch_size=8, max_seq_len=64)
+    assert generate_plain(recompute, prompts, 12, eos_token_ids=()) == batched.tokens
 
 
 def test_eos_stops_a_row_and_is_kept() -> None:
@@ -56,7 +57,7 @@ def test_eos_stops_a_row_and_is_kept() -> None:
 def test_small_runner_batches_are_split_and_limits_checked() -> None:
     target = tiny("llama")
     prompts = _prompts(3)
-    runner = make_target_runner(target, (), max_batch_size=2, max_seq_len=48)
+    runner = make_runner(target, (), max_batch_size=2, max_seq_len=48)
     assert generate_plain(runner, prompts, 6, eos_token_ids=()) == generate_plain(
         target, prompts, 6, eos_token_ids=()
     )

@@ -58,12 +58,12 @@ from eaglewire.engine.api import SpeculativeDecoder
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.forced import ForcedAcceptance
 from eaglewire.engine.plain import generate_plain_with_stats
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.target.runtime.runner import FastTargetRunner
 
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "smollm2-135m": 32000, "tiny": 256}
 KEY_SUFFIX = {"llama-3.1-8b": "8b", "smollm2-135m": "135m", "tiny": "tiny"}  # scale.json key names

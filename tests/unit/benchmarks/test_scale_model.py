@@ -22,12 +22,12 @@ from benchmarks.scale_model import TINY_TREE, read_traces, scale_draft
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.forced import ForcedAcceptance
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
 from eaglewire.errors import ConfigError
-from eaglewire.target.runtime.runner import FastTargetRunner
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "scale_model.py"
 MAX_SEQ_LEN = 160

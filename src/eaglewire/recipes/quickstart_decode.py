@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from eaglewire.recipes.presets import QuickstartPreset
 
 if TYPE_CHECKING:
-    from eaglewire.bench.prediction import PredictionRow
     from eaglewire.bench.results import Mismatch
+    from eaglewire.predict.evaluation import EvalResult
+    from eaglewire.predict.predictor import PredictionRow
     from eaglewire.recipes.quickstart import QuickstartRun
-    from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +26,14 @@ def stage_decode(
     """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts, with
     the held-out prediction of each speculative setting beside its measured tau (chains by the
     evaluation's replay, trees decoded by the engine's drafter over the held-out first answers:
-    `bench.heldout_trees`). `heldout`: the eval stage's result as the decode stage serves
+    `predict.heldout_trees`). `heldout`: the eval stage's result as the decode stage serves
     (`as_benchmark`) when that stage ran in this process; None evaluates here (a resumed run whose
     eval stage finished earlier)."""
     from eaglewire.bench.baselines import HF_METHODS
     from eaglewire.bench.engine_adapter import load_engine
     from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
-    from eaglewire.bench.heldout_trees import heldout_tree_predictor
     from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.predict.heldout_trees import heldout_tree_predictor
     from eaglewire.recipes.quickstart import as_benchmark, evaluate_heldout  # it imports this module
 
     p = run.preset
@@ -131,7 +131,7 @@ def _explained(mismatches: list[Mismatch] | None) -> bool | None:
 
 
 def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict[str, Any]:
-    """A speculative method's held-out prediction (`eaglewire.bench.prediction`): its row of `rows`
+    """A speculative method's held-out prediction (`eaglewire.predict.predictor`): its row of `rows`
     is the one for its setting; other methods have none."""
     row = next((r for r in rows if r.setting == settings), None)
     if row is None:
@@ -145,7 +145,7 @@ def _heldout_fields(settings: dict[str, Any], rows: list[PredictionRow]) -> dict
 
 
 def _served_fields(row: Any) -> dict[str, Any]:
-    """A speculative method's prediction on the text it served (`eaglewire.bench.served`), if made."""
+    """A speculative method's prediction on the text it served (`eaglewire.predict.served`), if made."""
     if row is None:
         return {}
     return {

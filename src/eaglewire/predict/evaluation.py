@@ -1,11 +1,12 @@
-"""Offline evaluation: per-step accuracy and a *predicted* acceptance length (tau) from held-out data.
+"""Predicted acceptance length (tau) of chains and static trees from a held-out evaluation's ranks.
 
-Runs the same training-time-test forward as training (ground-truth tokens, the draft's own hidden
-states, serving positions and masks) and records, for every position t and step s, the rank of
-the target's argmax token among the draft's logits (0 = the draft's top-1 is that token).
+The evaluation (`eaglewire.train.evaluate`: the training-time-test forward over held-out rows)
+records, for every position t and step s, the rank of the target's argmax token among the draft's
+logits (0 = the draft's top-1 is that token). `EvalResult` keeps those ranks and predicts from them;
+`evaluate_draft` / `run_eval` evaluate a saved draft (what `eaglewire eval` calls).
 
 Prediction (greedy verification; tau counts the bonus token, as SGLang/vLLM/EAGLE do; the pure
-math, trees, accepted drafts and replay, lives in `eaglewire.train.replay`), by
+math, trees, accepted drafts and replay, lives in `eaglewire.predict.replay`), by
 **replay** (the default: `EvalResult.tau_chain`, `EvalResult.tau_tree`, `replay_tree`):
 
   A tree is a set of nodes, each a path of ranks (r_1, ..., r_d) from the root, e.g. (0,), (1,),
@@ -47,12 +48,12 @@ ground-truth token, which equals the accepted token when the data is the target'
 output (regenerate it); sibling order equals the draft's ranking, as in EAGLE's top-k expansion;
 prompts in the eval set resemble the served ones; every response is served as its own request
 (its prompt = the record up to it, prefilled at once). Under these a static tree's replay is exact:
-`tests/unit/train/test_replay_matches_engine.py` decodes with the engine (float32, both round
+`tests/unit/predict/test_replay_matches_engine.py` decodes with the engine (float32, both round
 loops) and replays the record of that very text, round for round. The one round it cannot see
 whole is one whose drafts run past the end of the record's text (a decoder verifies drafts past
 its max_new_tokens; the replay has no labels there), so such a last round is cut at the text's end.
 A dynamic tree (SGLang's topk/num_steps/num_draft_tokens, reranked per round by draft scores) is
-approximated here by the static tree of the same nodes (`eaglewire.bench.heldout_trees` decodes it
+approximated here by the static tree of the same nodes (`eaglewire.predict.heldout_trees` decodes it
 instead, with the engine's drafter over the same responses); responses truncated at max_length end early.
 With `EvalResult.horizon` (`eaglewire eval --horizon`; the bench and the quickstart use their
 max_new_tokens) rounds start only within the first `horizon` tokens of each response, as a decoder
@@ -64,18 +65,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from eaglewire.errors import ConfigError
-from eaglewire.train.batches import RecordSource, Row, fetch_rows, plan_rows, record_lengths
-from eaglewire.train.distributed import DistContext, all_gather_objects, all_reduce_sum
-from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
-from eaglewire.train.replay import (
+from eaglewire.predict.replay import (
     Replay,
     chain_tree,
     predicted_tau_chain,
@@ -85,8 +82,12 @@ from eaglewire.train.replay import (
     response_turns,
     validate_tree,
 )
+from eaglewire.target.loading import LoadedTarget
+from eaglewire.train.batches import RecordSource
+from eaglewire.train.distributed import DistContext
+from eaglewire.train.evaluate import EvalRanks, eval_rows, evaluate_model
+from eaglewire.train.loss import OUT_OF_VOCAB_RANK
 from eaglewire.train.target_side import TargetSide
-from eaglewire.train.ttt import step_in_range, step_valid
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +96,9 @@ FIRST_ANSWER = 1  # `answer` of every record's first response: what a benchmark 
 
 
 @dataclass
-class EvalResult:
-    counts: StepCounts
-    step_weights: list[float]
-    # [N, S] int16 (`loss.stored_rank`), positions in range at step 0, record slices back to back
-    ranks: torch.Tensor
-    valid: torch.Tensor  # [N, S] bool
-    records: int
-    tokens: int
-    segments: tuple[int, ...] | None = None  # rows of `ranks` per record slice, in order; None: one slice
+class EvalResult(EvalRanks):
+    """An evaluation's measurements (`EvalRanks`) and the predictions replayed from its ranks."""
+
     # Replay only the first `horizon` tokens of each response, as a decoder whose max_new_tokens is
     # that (long regenerated answers often end in easy loops a short benchmark never reaches);
     # None: whole responses. `dataclasses.replace(result, horizon=n)` gives a result with its own cache.
@@ -115,14 +110,10 @@ class EvalResult:
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    @property
-    def num_steps(self) -> int:
-        return int(self.counts.table.shape[0])
-
-    @property
-    def has_positions(self) -> bool:
-        """Whether per-position ranks were kept (`with_ranks`), which replay and trees need."""
-        return self.ranks.shape[0] > 0 or not any(self.counts.column("valid"))
+    @classmethod
+    def of(cls, measured: EvalRanks) -> EvalResult:
+        """The predictions over what `evaluate_model` measured (whole responses, every answer)."""
+        return cls(**{f.name: getattr(measured, f.name) for f in fields(EvalRanks)})
 
     @property
     def prediction_method(self) -> str:
@@ -133,8 +124,7 @@ class EvalResult:
         """The count-table metrics; with per-position ranks also the predictions for every chain length
         k = 1..S: `predicted_tau_chain` (replay), `position_averaged_tau_chain`, and the replayed
         per-position acceptance and rounds of the longest chain."""
-        out: dict[str, Any] = {**self.counts.summary(self.step_weights), "records": self.records,
-                               "tokens": self.tokens}  # fmt: skip
+        out = super().summary()
         if self.has_positions and self.num_steps > 0:
             ks = range(1, self.num_steps + 1)
             longest = self.replay_chain(self.num_steps)
@@ -225,80 +215,6 @@ class EvalResult:
         return predicted_tau_tree(self.ranks, self.valid, tree)
 
 
-def eval_rows(data: RecordSource[Any], *, max_length: int, pack: bool, max_records: int) -> list[Row]:
-    """Held-out rows in record order (no shuffling), at most `max_records` records. Packed next-fit
-    (one open row), so the rows' slots stay in record order, which the replay reads them back in."""
-    lengths = record_lengths(data)
-    n = len(lengths) if max_records <= 0 else min(max_records, len(lengths))
-    return plan_rows(lengths, list(range(n)), max_length=max_length, pack=pack, open_rows=1)
-
-
-@torch.no_grad()
-def evaluate_model(
-    model: nn.Module,
-    target_side: TargetSide,
-    data: RecordSource[Any],
-    rows: Sequence[Row],
-    *,
-    ctx: DistContext,
-    batch_size: int,
-    num_steps: int,
-    step_weights: list[float],
-    autocast: AbstractContextManager[Any],
-    with_ranks: bool = True,
-) -> EvalResult:
-    """Evaluate a TTTObjective (possibly DDP/FSDP-wrapped) on `rows`; all processes must call this.
-
-    Batches are dealt round-robin over processes; every process runs the same number of forwards
-    (a process with nothing left repeats batch 0 and discards it), which FSDP's collectives need.
-    """
-    batches = [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-    counts = StepCounts(num_steps, device=ctx.device)
-    rank_parts: list[torch.Tensor] = []
-    valid_parts: list[torch.Tensor] = []
-    segments: list[int] = []  # step-0 rows of each record slice, in the order of rank_parts
-    tokens = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    rounds = math.ceil(len(batches) / ctx.world_size) if batches else 0
-    was_training = model.training
-    model.eval()
-    for r in range(rounds):
-        idx = r * ctx.world_size + ctx.rank
-        real = idx < len(batches)
-        part = batches[idx] if real else batches[0]
-        inputs = target_side.prepare(part, fetch_rows(data, part), ctx.device)
-        with autocast:
-            out = model(inputs, with_ranks=with_ranks)
-        if not real:
-            continue
-        counts.table += out.counts
-        b = inputs.batch
-        tokens += b.num_tokens
-        if with_ranks and out.ranks is not None:
-            keep = step_in_range(b.doc_ids, 0)  # [B, T]
-            rank_parts.append(out.ranks[:, keep].T.to(torch.int16).cpu())  # [N, S], `stored_rank`
-            valid = torch.stack(
-                [step_valid(b.doc_ids, b.loss_mask, s) for s in range(num_steps)]
-            )  # [S, B, T]
-            valid_parts.append(valid[:, keep].T.cpu())
-            host = b.host if b.host is not None else b
-            host_ids = host.doc_ids.cpu()
-            host_keep = step_in_range(host_ids, 0)  # [B, T], as `keep`
-            for ids, row_keep in zip(host_ids, host_keep, strict=True):  # record slices of each row
-                _, sizes = torch.unique_consecutive(ids[row_keep], return_counts=True)
-                segments.extend(int(n) for n in sizes)
-    model.train(was_training)
-    all_reduce_sum(counts.table, ctx)
-    all_reduce_sum(tokens, ctx)
-    ranks = torch.cat(rank_parts) if rank_parts else torch.zeros(0, num_steps, dtype=torch.int16)
-    valid_t = torch.cat(valid_parts) if valid_parts else torch.zeros(0, num_steps, dtype=torch.bool)
-    if with_ranks and ctx.distributed:
-        ranks = torch.cat(all_gather_objects(ranks, ctx))
-        valid_t = torch.cat(all_gather_objects(valid_t, ctx))
-        segments = [n for part in all_gather_objects(segments, ctx) for n in part]
-    num_records = sum(len(row) for row in rows)
-    return EvalResult(counts, step_weights, ranks, valid_t, num_records, int(tokens), tuple(segments))
-
-
 def check_live_target(draft_contract: Any, live: Any) -> None:
     """The target evaluated with (`live`: the contract of the states it computes) is the draft's own.
     Both sides are named as what they are: the draft's contract.json, and the target given by --target."""
@@ -352,7 +268,7 @@ def evaluate_draft(
     # module is in train mode: restoring that would leave the caller's draft in train mode)
     model = TTTObjective(draft.to(dev), num_steps).train(draft.training)
     rows = eval_rows(data, max_length=max_length, pack=pack, max_records=max_records)
-    return evaluate_model(
+    measured = evaluate_model(
         model,
         target_side,
         data,
@@ -362,4 +278,44 @@ def evaluate_draft(
         num_steps=num_steps,
         step_weights=[step_weight_decay**s for s in range(num_steps)],
         autocast=autocast_for(precision, dev),
+    )
+    return EvalResult.of(measured)
+
+
+def run_eval(
+    *,
+    draft_dir: Path,
+    target: str,
+    data_dir: Path,
+    num_steps: int,
+    batch_size: int = 1,
+    max_length: int = 2048,
+    max_records: int = 0,
+    device: str | None = None,
+    target_dtype: str | None = None,
+    loaded: LoadedTarget | None = None,
+) -> EvalResult:
+    """Offline evaluation of a saved draft on a tokenized dataset or a shard directory. `loaded`: the
+    target already loaded (tokenized data runs it instead of loading `target` again; shards need
+    only its head, loaded from `target`)."""
+    from eaglewire.draft.io import load_draft
+    from eaglewire.train.run import default_target_dtype, make_target_side, open_data
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    draft, contract = load_draft(draft_dir, device=dev)
+    data = open_data(data_dir)
+    side = make_target_side(
+        data, target, contract, draft, device=dev, target_dtype=target_dtype or default_target_dtype(dev),
+        loaded=loaded,
+    )  # fmt: skip
+    return evaluate_draft(
+        draft,
+        contract,
+        side,
+        data.records,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_records=max_records,
+        device=dev,
     )

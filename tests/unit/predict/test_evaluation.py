@@ -9,9 +9,8 @@ import torch
 
 from eaglewire.draft.init import init_draft
 from eaglewire.errors import ConfigError
-from eaglewire.train.evaluate import EvalResult, evaluate_draft
-from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
-from eaglewire.train.replay import (
+from eaglewire.predict.evaluation import EvalResult, evaluate_draft
+from eaglewire.predict.replay import (
     accepted_drafts,
     chain_tree,
     full_tree,
@@ -22,6 +21,7 @@ from eaglewire.train.replay import (
     response_spans,
     response_turns,
 )
+from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
 from eaglewire.train.target_side import OfflineTarget, TargetHead
 
 

@@ -236,10 +236,10 @@ def evaluate_predictor(
     horizon: int | None = None,
     answer: int | None = None,
 ) -> HeldoutTreePredictor:
-    """Run the trainer's offline evaluation (`eaglewire.predict.evaluation.run_eval`) on a held-out tokenized
-    dataset or shard directory, and decode trees over the same records (`predict.heldout_trees`): a
-    predictor of chains, static trees and dynamic trees. `target`: a loaded target (used for both,
-    so it is loaded once), or what `load_target` takes (loaded here, `target_dtype` on `device`).
+    """Run the offline evaluation (`predict.evaluation.run_eval`) on a held-out tokenized dataset or
+    shard directory, and decode trees over the same records (`HeldoutTreePredictor`): a predictor of
+    chains, static trees and dynamic trees. `target`: a loaded target (used for both, so it is loaded
+    once), or what `load_target` takes (loaded here, `target_dtype` on `device`).
     `horizon`: replay only the first that many tokens of each response (the benchmark's
     max_new_tokens); `answer`: only each record's answer-th response (1: first answers; None: all,
     `EvalResult.answer`)."""

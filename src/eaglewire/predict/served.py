@@ -82,6 +82,7 @@ class ServedMethod(Protocol):
     @property
     def tau(self) -> float | None: ...
 
+
 BATCH_TOKENS = 8192  # tokens per evaluation forward (rows of the longest record, packed)
 CHAIN_METHOD = "replay, chain"
 TREE_METHOD = "replay of the dynamic tree: the engine's drafter over the served text (predict.text_replay)"

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers.tiny import save_tiny_target
-from tests.unit.bench.conftest import served_tiny
 from typer.testing import CliRunner
 
 from eaglewire.bench.harness import BenchConfig, run_benchmark
@@ -48,6 +46,8 @@ from eaglewire.predict.predictor import (
 )
 from eaglewire.target.identity import tokenizer_hash
 from eaglewire.target.loading import LoadedTarget
+from tests.helpers.tiny import save_tiny_target
+from tests.unit.predict.conftest import served_tiny
 
 HORIZON = 30  # the bench's max_new_tokens, the held-out horizon
 ANSWER_TOKENS = 40  # greedy tokens per held-out answer: past HORIZON + the tree's depth

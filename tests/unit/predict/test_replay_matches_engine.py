@@ -21,8 +21,6 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from tests.helpers.tiny import CORPUS, make_tiny_target
-from tests.unit.engine.conftest import Tiny, chat_ids, plain_greedy, train_draft
 
 from eaglewire.contract.contract import Contract
 from eaglewire.data.types import TokenizedRecord
@@ -40,6 +38,8 @@ from eaglewire.predict.served import rounds_within_text
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.train.target_side import OnlineTarget
+from tests.helpers.tiny import CORPUS, make_tiny_target
+from tests.unit.engine.conftest import Tiny, chat_ids, plain_greedy, train_draft
 
 ARCHS = ("llama", "qwen3")
 STEPS = 4  # draft steps evaluated: the longest chain

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.unit.bench.conftest import served_tiny
 
 from eaglewire.bench.harness import BenchConfig, run_benchmark
 from eaglewire.bench.report import BenchReport
@@ -27,6 +26,7 @@ from eaglewire.predict.served import (
     served_markdown,
     served_summary,
 )
+from tests.unit.predict.conftest import served_tiny
 
 TRAIN_TOKENS = 40  # greedy tokens after each prompt the draft is trained on
 NEW_TOKENS = 35  # max_new_tokens: a last round verifies drafts past it (checked below)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.helpers.tiny import CORPUS, make_tiny_target
-from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS, Tiny, chat_ids, plain_greedy, train_draft
 
 from eaglewire.engine.api import SpeculativeDecoder, make_runner
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.predict.text_replay import TextRunner, replay_on_texts, text_aux
 from eaglewire.target.identity import build_contract
+from tests.helpers.tiny import CORPUS, make_tiny_target
+from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS, Tiny, chat_ids, plain_greedy, train_draft
 
 TOKENS = 30
 

@@ -1,4 +1,4 @@
-"""Prediction check: the trainer's offline predicted acceptance length vs the tau the engine measures.
+"""Predicting an engine setting's tau offline, and checking it against the tau the engine measures.
 
 The prediction comes from `eaglewire.predict.evaluation` (held-out data, no engine). The default is the
 **replay** (module docstring there): greedy speculative decoding simulated over the held-out

@@ -7,7 +7,7 @@ This script screens the levers that are left, each a fresh draft from the same q
 `--steps` optimizer steps, and scored by the held-out replay of what the benchmark serves (each
 record's first answer, its first `--horizon` tokens; the quickstart's own tau prediction, within
 0.5-7% of the measured tau on the H200 runs; the tree decoded by the engine's drafter over those
-answers, `bench.heldout_trees`, each row's `tau_tree_method` says so):
+answers, `predict.heldout_trees`, each row's `tau_tree_method` says so):
 
     python benchmarks/draft_levers.py --run RUN --steps 1500 --out levers.json \
         --variant base --variant decay1 step_weight_decay=1.0 --variant lr2x learning_rate=1e-3 \
@@ -15,7 +15,7 @@ answers, `bench.heldout_trees`, each row's `tau_tree_method` says so):
 
 With `--served BENCH.json ...` every variant is also scored on text a bench really served: each
 bench's plain method's greedy tokens (every lossless setting serves that text), replayed for the
-chain and the static tree (`bench.served`; a chain's replay equals the engine's rounds in float32
+chain and the static tree (`predict.served`; a chain's replay equals the engine's rounds in float32
 and came within 0.74% in bf16 on the H200, BENCHMARKS.md 2s). That is the issue's own measure, MT-bench
 included, without decoding: run 19's texts are in `benchmarks/results/h200_quickstart_run19/*/bench.json`.
 `--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part);
@@ -54,10 +54,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eaglewire.bench.heldout_trees import evaluate_predictor
-from eaglewire.bench.prediction import predict_setting, predict_tau
 from eaglewire.bench.results import MethodResult
-from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
+from eaglewire.bench.saved import bench_plain_text
 from eaglewire.cli.common import run_script
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.data.shards import MANIFEST_FILE
@@ -66,10 +64,13 @@ from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.predict.evaluation import FIRST_ANSWER
+from eaglewire.predict.heldout_trees import evaluate_predictor
+from eaglewire.predict.predictor import predict_setting, predict_tau
+from eaglewire.predict.served import evaluate_served, float32_draft, served_records
 from eaglewire.recipes.presets import PRESETS
 from eaglewire.target.loading import LoadedTarget, load_target
 from eaglewire.train.config import TrainConfig
-from eaglewire.train.evaluate import FIRST_ANSWER
 from eaglewire.train.run import run_training
 from eaglewire.typed_config import from_dict
 

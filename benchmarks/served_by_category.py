@@ -6,7 +6,7 @@ step, its share of labels outside the draft vocabulary, and the chain's tau were
 the draft it decoded with; this scores any draft on a text a bench saved, without a GPU (a lost
 bench, a draft trained since).
 
-The text is the bench's plain method's greedy tokens (`bench.served.bench_plain_text`), which every
+The text is the bench's plain method's greedy tokens (`bench.saved.bench_plain_text`), which every
 lossless setting serves, so any draft can be scored on it without decoding; the whole-set line equals
 the served replay `eaglewire bench` prints for that draft in float32 (on the H200 in bf16 it came
 within 2% of the measured tau, BENCHMARKS.md 2s and 2u). The replay's labels are the replay target's
@@ -31,10 +31,11 @@ from typing import Any
 import torch
 
 from eaglewire.bench.results import PromptRun
-from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
+from eaglewire.bench.saved import bench_plain_text
 from eaglewire.cli.common import run_script
 from eaglewire.draft.io import load_draft
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.predict.served import evaluate_served, float32_draft, served_records
 from eaglewire.target.loading import LoadedTarget, load_target
 
 

@@ -3,10 +3,10 @@
 A sweep measures each tree shape on a GPU; this predicts many shapes on any machine, from a bench
 run that has already happened: its plain method's generated tokens (the target's greedy text, which
 every lossless setting serves too) become records, one evaluation of the draft over them runs
-(`eaglewire.bench.served.evaluate_served`), and each shape is replayed on it as the static tree
-`prediction.tree_for_spec` builds (cheap, but 5-7% below the H200's measured dynamic trees,
+(`eaglewire.predict.served.evaluate_served`), and each shape is replayed on it as the static tree
+`predictor.tree_for_spec` builds (cheap, but 5-7% below the H200's measured dynamic trees,
 BENCHMARKS.md 2p). With `--dynamic` each shape is also decoded by the engine's own drafter over the
-text (`bench.text_replay`, what `eaglewire bench` now reports as a tree's served prediction: the real
+text (`predict.text_replay`, what `eaglewire bench` now reports as a tree's served prediction: the real
 dynamic tree, no target forward per round; within 1-2% of the H200's measurement). The bench's own
 measured trees are printed beside the predictions.
 
@@ -21,13 +21,14 @@ import json
 import time
 from pathlib import Path
 
-from eaglewire.bench.prediction import predict_tau
-from eaglewire.bench.served import bench_plain_text, evaluate_served, float32_draft, served_records
-from eaglewire.bench.text_replay import replay_on_texts, text_aux
+from eaglewire.bench.saved import bench_plain_text
 from eaglewire.cli.common import run_script
 from eaglewire.draft.io import load_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.predict.predictor import predict_tau
+from eaglewire.predict.served import evaluate_served, float32_draft, served_records
+from eaglewire.predict.text_replay import replay_on_texts, text_aux
 from eaglewire.target.loading import load_target
 
 

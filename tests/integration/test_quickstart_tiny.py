@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import eaglewire.train.run as train_run
+import eaglewire.predict.evaluation as evaluation
 from eaglewire.cli.quickstart import show_summary
 from eaglewire.recipes.presets import get_preset
 from eaglewire.recipes.quickstart import QuickstartRun, run_quickstart
@@ -36,13 +36,13 @@ def _assert_heldout_predictions(run_dir, decode, predicted_tau_chain):
 def test_quickstart_pipeline_on_tiny_target(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLEWIRE_HOME", str(tmp_path / "home"))
     evaluations = []
-    real_run_eval = train_run.run_eval
+    real_run_eval = evaluation.run_eval
 
     def counted_run_eval(**kwargs):
         evaluations.append(kwargs["data_dir"])
         return real_run_eval(**kwargs)
 
-    monkeypatch.setattr(train_run, "run_eval", counted_run_eval)
+    monkeypatch.setattr(evaluation, "run_eval", counted_run_eval)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

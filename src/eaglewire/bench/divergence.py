@@ -20,11 +20,10 @@ token), and `cause_of` reads it with the run's dtype's tie threshold:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 import torch
 
-from eaglewire.bench.results import Mismatch, PromptRun
+from eaglewire.bench.results import Cause, Mismatch, PromptRun
 from eaglewire.target.loading import LoadedTarget
 
 # Largest |margin| (logits) that the run's dtype's rounding is taken to explain. bf16 keeps 8 bits
@@ -33,7 +32,6 @@ from eaglewire.target.loading import LoadedTarget
 # are exact in the tests: any margin there beyond accumulation noise is not rounding.
 NEAR_TIE_LOGITS = {"bfloat16": 0.5, "float16": 0.25, "float32": 1e-3}
 
-Cause = Literal["rounding", "this method", "the reference"]
 ROUNDING: Cause = "rounding"
 THIS_METHOD: Cause = "this method"
 REFERENCE: Cause = "the reference"

@@ -45,14 +45,14 @@ from eaglewire.bench.engine_adapter import (
     plain_fn,
     speculative_fn,
 )
-from eaglewire.bench.prediction import PredictionRow, TauPredictor, prediction_rows
 from eaglewire.bench.prompts import PromptSet, encode_prompt
 from eaglewire.bench.report import BenchReport, describe_device, now_iso
 from eaglewire.bench.results import MethodResult, PromptRun, fill_comparisons
-from eaglewire.bench.served import ServedInputs, ServedPrediction, float32_draft, served_predictions
 from eaglewire.bench.timing import Stopwatch
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
+from eaglewire.predict.predictor import PredictionRow, TauPredictor, prediction_rows
+from eaglewire.predict.served import ServedInputs, ServedPrediction, float32_draft, served_predictions
 from eaglewire.target.loading import LoadedTarget, dtype_name
 from eaglewire.typed_config import help_field
 
@@ -84,7 +84,7 @@ class BenchConfig:
     )
     served_prediction: bool = help_field(
         "after each speculative setting, replay it offline over the text it served and report that "
-        "predicted tau beside the measured one (eaglewire.bench.served)",
+        "predicted tau beside the measured one (eaglewire.predict.served)",
         default=True,
     )
 
@@ -257,7 +257,7 @@ def run_benchmark(
     predictor: TauPredictor | None = None,
 ) -> BenchReport:
     """Run every method of `cfg` on `prompts`; the report has per-method aggregates and comparisons, and
-    (with `predictor`, e.g. an `eaglewire.train.evaluate.EvalResult`) predicted vs measured tau."""
+    (with `predictor`, e.g. an `eaglewire.predict.evaluation.EvalResult`) predicted vs measured tau."""
     if cfg.uses_draft and draft_dir is None and (engine is None or engine.draft is None):
         raise ConfigError(
             f"methods {[m for m in cfg.methods if m in SPECULATIVE_METHODS]} need a draft",

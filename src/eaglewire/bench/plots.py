@@ -9,15 +9,12 @@ prediction.png    predicted vs measured tau per sweep setting
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from eaglewire.bench.results import CYCLE_PHASES
+from eaglewire.bench.results import CYCLE_PHASES, MethodResult
 from eaglewire.errors import ConfigError
-
-if TYPE_CHECKING:
-    from eaglewire.bench.report import BenchReport
 
 PHASE_COLORS = {"draft": "#4C72B0", "verify": "#DD8452", "accept": "#55A868", "host": "#8C8C8C"}
 
@@ -45,14 +42,15 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_report(report: BenchReport, out_dir: Path) -> list[Path]:
-    """throughput.png, and acceptance.png / phases.png when a speculative method ran."""
+def plot_report(results: Mapping[str, MethodResult], meta: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """A bench report's (`BenchReport.results`, `.meta`) throughput.png, and acceptance.png /
+    phases.png when a speculative method ran."""
     plt = _pyplot()
     out: list[Path] = []
-    ran = [r for r in report.results.values() if r.available and r.tokens_per_s is not None]
+    ran = [r for r in results.values() if r.available and r.tokens_per_s is not None]
     if not ran:
         return out
-    title = f"{report.meta.get('prompts', '')} on {report.meta.get('device', '')}"
+    title = f"{meta.get('prompts', '')} on {meta.get('device', '')}"
 
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(ran)), 4))
     bars = ax.bar([r.method for r in ran], [r.tokens_per_s or 0.0 for r in ran], color="#4C72B0")

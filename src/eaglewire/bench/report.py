@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from eaglewire.bench.divergence import REFERENCE, ROUNDING, THIS_METHOD, Cause
-from eaglewire.bench.prediction import PredictionRow, prediction_markdown, prediction_summary
-from eaglewire.bench.results import CYCLE_PHASES, MethodResult, Mismatch
-from eaglewire.bench.served import ServedPrediction, served_markdown, served_summary
+from eaglewire.bench.divergence import REFERENCE, ROUNDING, THIS_METHOD
+from eaglewire.bench.results import CYCLE_PHASES, Cause, MethodResult, Mismatch
 from eaglewire.io_utils import atomic_write_json, atomic_write_text
+from eaglewire.predict.predictor import PredictionRow, prediction_markdown, prediction_summary
+from eaglewire.predict.served import ServedPrediction, served_markdown, served_summary
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class BenchReport:
         if plots:
             from eaglewire.bench.plots import plot_report
 
-            written += plot_report(self, out_dir)
+            written += plot_report(self.results, self.meta, out_dir)
         self.files = [p.name for p in written] + [REPORT_JSON, REPORT_MD]
         atomic_write_text(out_dir / REPORT_MD, self.markdown())
         atomic_write_json(out_dir / REPORT_JSON, self.to_json())

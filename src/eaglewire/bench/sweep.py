@@ -24,17 +24,9 @@ from typing import Any
 
 from eaglewire.bench.engine_adapter import Outcome, load_engine, make_plain_runner, plain_fn, speculative_fn
 from eaglewire.bench.harness import Workload, measure_method, spec_settings
-from eaglewire.bench.prediction import PredictionRow, TauPredictor, prediction_rows
 from eaglewire.bench.prompts import PromptSet
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.bench.results import MethodResult, PromptRun, compare_outputs
-from eaglewire.bench.served import (
-    ServedInputs,
-    ServedPrediction,
-    served_markdown,
-    served_predictions,
-    served_summary,
-)
 from eaglewire.bench.sweep_grid import (
     DEFAULT_NUM_DRAFT_TOKENS,
     DEFAULT_NUM_STEPS,
@@ -46,6 +38,14 @@ from eaglewire.bench.sweep_progress import PARTIAL_FILE, SweepKey, SweepProgress
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.io_utils import atomic_write_json
+from eaglewire.predict.predictor import PredictionRow, TauPredictor, prediction_rows
+from eaglewire.predict.served import (
+    ServedInputs,
+    ServedPrediction,
+    served_markdown,
+    served_predictions,
+    served_summary,
+)
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.typed_config import help_field
 
@@ -75,7 +75,7 @@ class SweepConfig:
     repeats: int = help_field("timed runs per prompt; the median is used", default=1)
     chat: bool = help_field("apply the target's chat template", default=True)
     served_prediction: bool = help_field(
-        "also predict each setting's tau offline on the very text it served (eaglewire.bench.served): "
+        "also predict each setting's tau offline on the very text it served (eaglewire.predict.served): "
         "beside measured tau that error is numerics alone",
         default=True,
     )
@@ -270,7 +270,7 @@ def write_best_setting(result: SweepResult, draft_dir: Path) -> Path | None:
 
 
 def sweep_markdown(result: SweepResult) -> str:
-    from eaglewire.bench.prediction import prediction_markdown, prediction_summary
+    from eaglewire.predict.predictor import prediction_markdown, prediction_summary
 
     def f(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -315,8 +315,8 @@ def sweep_markdown(result: SweepResult) -> str:
 
 def write_sweep(result: SweepResult, out_dir: Path, *, plots: bool = True) -> list[Path]:
     """sweep.json, sweep.md and (when `plots`) sweep.png / prediction.png in `out_dir`."""
-    from eaglewire.bench.prediction import prediction_summary
     from eaglewire.io_utils import atomic_write_text
+    from eaglewire.predict.predictor import prediction_summary
 
     out_dir = Path(out_dir)
     written = []

@@ -15,9 +15,9 @@ from eaglewire.cli.flags import at_least, one_of, spec_args_from_flags
 from eaglewire.errors import ConfigError
 
 if TYPE_CHECKING:
-    from eaglewire.bench.prediction import TauPredictor
     from eaglewire.bench.prompts import PromptSet
     from eaglewire.bench.sweep import SweepConfig
+    from eaglewire.predict.predictor import TauPredictor
     from eaglewire.target.loading import LoadedTarget
 
 
@@ -147,7 +147,7 @@ def bench(
         200, "--eval-max-records", help="--eval-data: records evaluated (0 = all)"
     ),
     eval_answer: int = typer.Option(
-        1,  # eaglewire.train.evaluate.FIRST_ANSWER (not imported here: it pulls in torch)
+        1,  # eaglewire.predict.evaluation.FIRST_ANSWER (not imported here: it pulls in torch)
         "--eval-answer",
         help="--eval-data: replay only each record's N-th answer (1: first answers, what a prompt set's "
         "prompts get; later answers of multi-turn records draft more easily); 0 = every answer",
@@ -185,9 +185,9 @@ def bench(
 
     # A rerun into its own report directory rewrites the reports (a cut sweep resumes there); anything else: refused
     check_resumable_dir(out, OutputKind.BENCH)
-    from eaglewire.bench.heldout_trees import evaluate_predictor
-    from eaglewire.bench.prediction import find_summary_predictor, load_summary_predictor
     from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.predict.heldout_trees import evaluate_predictor
+    from eaglewire.predict.predictor import find_summary_predictor, load_summary_predictor
     from eaglewire.target.loading import load_target
 
     device = resolve_device(device)

@@ -537,7 +537,7 @@ def relabel_cmd(
     one_of("--dtype", dtype, ("float32", "bfloat16", "float16"))
     at_least("--max-records", max_records, 1)
     at_least("--max-tokens", max_tokens, 3)
-    from eaglewire.data.relabel import (
+    from eaglewire.relabel.data import (
         check_data_request,
         describe,
         open_shards,

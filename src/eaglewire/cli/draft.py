@@ -140,7 +140,7 @@ def relabel(
         raise ConfigError("--aux-boundaries: expected a comma-separated list like 3,5,6, got an empty one")
     one_of("--final-norm", final_norm, ("pre", "post"))
     one_of("--dtype", dtype, ("float32", "bfloat16", "float16"))
-    from eaglewire.draft.relabel import check_num_aux, check_relabel_paths, read_draft_config
+    from eaglewire.relabel.draft import check_num_aux, check_relabel_paths, read_draft_config
 
     check_relabel_paths(draft, out)  # first: a refusal costs nothing
     check_output_dir(out, OutputKind.DRAFT, force=force)
@@ -149,8 +149,8 @@ def relabel(
 
     from eaglewire.contract.contract import Contract
     from eaglewire.contract.numbering import validate_boundaries
-    from eaglewire.data.relabel import requested_final
-    from eaglewire.draft.relabel import relabel_draft
+    from eaglewire.relabel.data import requested_final
+    from eaglewire.relabel.draft import relabel_draft
     from eaglewire.target.loading import load_target
 
     old = Contract.load(draft)

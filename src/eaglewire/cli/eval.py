@@ -13,8 +13,8 @@ from eaglewire.cli.common import DEVICE_HELP, print_json, print_table, resolve_d
 
 if TYPE_CHECKING:
     from eaglewire.engine.spec_args import SpecArgs
+    from eaglewire.predict.evaluation import EvalResult
     from eaglewire.target.loading import LoadedTarget
-    from eaglewire.train.evaluate import EvalResult
 
 TREE_HELP = (
     "also predict tau for a tree: 'NUM_STEPS,TOPK,NUM_DRAFT_TOKENS' (the engine's dynamic tree of those "
@@ -149,7 +149,9 @@ def eval_command(
         max_records=max_records, horizon=horizon, target_dtype=target_dtype,
     )  # fmt: skip
     dev = resolve_device(device)
-    from eaglewire.train.run import run_eval  # here, after the flags are checked: torch loads only now
+    from eaglewire.predict.evaluation import (
+        run_eval,  # here, after the flags are checked: torch loads only now
+    )
 
     loaded = None
     if setting is not None:  # its answers are decoded over the full target: loaded once, for both
@@ -236,11 +238,11 @@ def _tree_report(
     loaded: LoadedTarget | None, draft: Path, data: Path, max_records: int,
 ) -> dict[str, Any]:  # fmt: skip
     """The tree's predicted tau and how it was predicted: an engine setting's dynamic tree decoded over
-    the held-out answers (`bench.heldout_trees`), or a static tree replayed by the evaluation."""
-    from eaglewire.bench.prediction import DYNAMIC_TREE_METHOD, static_tree_method
+    the held-out answers (`predict.heldout_trees`), or a static tree replayed by the evaluation."""
+    from eaglewire.predict.predictor import DYNAMIC_TREE_METHOD, static_tree_method
 
     if setting is not None:
-        from eaglewire.bench.heldout_trees import heldout_tree_predictor
+        from eaglewire.predict.heldout_trees import heldout_tree_predictor
 
         assert loaded is not None  # eval_command loads the target for a setting
         predictor = heldout_tree_predictor(result, loaded, draft, data, max_records=max_records)

@@ -117,7 +117,7 @@ def show_summary(summary: QuickstartSummary) -> None:
         "are nearly tied, the dtype's rounding, or where plain's own decode drifted from the target's "
         "forward; NO: the target clearly prefers plain's token there, a bug in this method)",
     )
-    # how the tree's held-out tau was predicted (`bench.prediction`); older run directories say nothing
+    # how the tree's held-out tau was predicted (`predict.predictor`); older run directories say nothing
     how = summary.heldout_prediction_method.get("eagle-tree")
     tree_method = f", {how}" if how else ""
     print_table(

@@ -5,7 +5,7 @@
    (`doctor.served_client`: SGLang per response, vLLM from /metrics deltas, eaglewire serve both, which
    must agree).
 2. Replay the served texts offline with the draft under its declared wiring: the engine's own drafter
-   over `bench.text_replay.TextRunner` (on a greedy text every verification is known in advance, so
+   over `predict.text_replay.TextRunner` (on a greedy text every verification is known in advance, so
    the replay needs no target forward per round; the aux states come from one teacher-forced forward
    of the target over prompt + answer). The token ids are the server's when it returns them
    (`return_token_ids`), else the answer re-tokenized after the chat-templated prompt (said in the report).
@@ -15,7 +15,7 @@
    numerator on both sides, so they differ exactly where the verification counts do; each engine's own
    figure, vLLM's 1 + accepted/drafts and SGLang's spec_accept_length, is shown beside it) and per-position
    acceptance. The prediction's error: in float32 on a CPU the replay is exact (every prompt's verifications
-   equal, `tests/unit/bench/test_text_replay.py`); otherwise (bf16 on a GPU, another engine's kernels) the
+   equal, `tests/unit/predict/test_text_replay.py`); otherwise (bf16 on a GPU, another engine's kernels) the
    bench measured 0.5-2% (BENCHMARKS.md 2p), so served matches predicted when
    |served - predicted| <= max(REL_TOL * predicted, ABS_TOL). (A server may count drafts of a text's last
    round accepted past max_tokens, which the replay cannot see: per-position acceptance only, not tau.)
@@ -259,8 +259,8 @@ class ReplayWorld:
 
     @torch.no_grad()
     def _predict(self, wiring: Wiring, spec: SpecArgs) -> Prediction:
-        from eaglewire.bench.text_replay import TextRunner
         from eaglewire.engine.api import SpeculativeDecoder
+        from eaglewire.predict.text_replay import TextRunner
 
         longest = max(len(p) + len(g) for p, g in self.splits)
         runner = TextRunner(vocab_size=self.target.vocab_size, num_layers=self.target.num_layers, device=self.device,

@@ -34,7 +34,7 @@ from eaglewire.recipes.results import (
 from eaglewire.recipes.resume import check_resume, preset_json
 
 if TYPE_CHECKING:
-    from eaglewire.train.evaluate import EvalResult
+    from eaglewire.predict.evaluation import EvalResult
 
 __all__ = ["TARGET", "QuickstartRun", "StageLog", "run_quickstart"]
 

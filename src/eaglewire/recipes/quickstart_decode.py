@@ -20,9 +20,9 @@ from eaglewire.recipes.results import (
 )
 
 if TYPE_CHECKING:
-    from eaglewire.bench.prediction import PredictionRow
     from eaglewire.bench.results import Mismatch
-    from eaglewire.train.evaluate import EvalResult
+    from eaglewire.predict.evaluation import EvalResult
+    from eaglewire.predict.predictor import PredictionRow
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +33,14 @@ def stage_decode(
     """Benchmark plain vs EAGLE-3 chain and tree (and HF baselines on GPU) on held-out prompts, with
     the held-out prediction of each speculative setting beside its measured tau (chains by the
     evaluation's replay, trees decoded by the engine's drafter over the held-out first answers:
-    `bench.heldout_trees`). `heldout`: the eval stage's result as the decode stage serves
+    `predict.heldout_trees`). `heldout`: the eval stage's result as the decode stage serves
     (`as_benchmark`) when that stage ran in this process; None evaluates here (a resumed run whose
     eval stage finished earlier)."""
     from eaglewire.bench.baselines import HF_METHODS
     from eaglewire.bench.engine_adapter import load_engine
     from eaglewire.bench.harness import BenchConfig, Workload, run_benchmark
-    from eaglewire.bench.heldout_trees import heldout_tree_predictor
     from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.predict.heldout_trees import heldout_tree_predictor
 
     p = run.preset.decode
     out: dict[str, dict[str, DecodeMethodResult]] = {}
@@ -146,7 +146,7 @@ def _explained(mismatches: list[Mismatch] | None) -> bool | None:
 
 
 def _heldout(settings: dict[str, Any], rows: list[PredictionRow]) -> HeldoutPrediction | None:
-    """A speculative method's held-out prediction (`eaglewire.bench.prediction`): its row of `rows`
+    """A speculative method's held-out prediction (`eaglewire.predict.predictor`): its row of `rows`
     is the one for its setting; other methods have none."""
     row = next((r for r in rows if r.setting == settings), None)
     if row is None:
@@ -155,7 +155,7 @@ def _heldout(settings: dict[str, Any], rows: list[PredictionRow]) -> HeldoutPred
 
 
 def _served(row: Any) -> ServedPrediction | None:
-    """A speculative method's prediction on the text it served (`eaglewire.bench.served`), if made."""
+    """A speculative method's prediction on the text it served (`eaglewire.predict.served`), if made."""
     if row is None:
         return None
     return ServedPrediction(

@@ -12,7 +12,7 @@ from eaglewire.recipes.quickstart_run import QuickstartRun
 from eaglewire.recipes.results import EvalStageResult
 
 if TYPE_CHECKING:
-    from eaglewire.train.evaluate import EvalResult
+    from eaglewire.predict.evaluation import EvalResult
 
 
 def evaluate_heldout(run: QuickstartRun, draft_dir: Path, loaded: Any) -> EvalResult:
@@ -20,7 +20,7 @@ def evaluate_heldout(run: QuickstartRun, draft_dir: Path, loaded: Any) -> EvalRe
     what the eval stage reports and, cut to first answers at the decode horizon (`as_benchmark`),
     what the decode stage's held-out prediction replays. Deep enough for the chain, the tree and the
     trained steps. `loaded`: the run's target (loaded once for every stage)."""
-    from eaglewire.train.run import run_eval
+    from eaglewire.predict.evaluation import run_eval
 
     p = run.preset
     return run_eval(
@@ -45,7 +45,7 @@ def as_benchmark(run: QuickstartRun, result: EvalResult) -> EvalResult:
     """`result` replaying what the decode stage serves: each held-out record's first answer (a
     benchmark prompt is a first user turn) up to decode.max_new_tokens. Later answers draft more
     easily (H200 run 6, chain of 5: first answers 2.68, second 3.78, third 4.45; 2.65 measured)."""
-    from eaglewire.train.evaluate import FIRST_ANSWER
+    from eaglewire.predict.evaluation import FIRST_ANSWER
 
     return replace(at_decode_horizon(run, result), answer=FIRST_ANSWER)
 

@@ -150,7 +150,7 @@ class EvalStageResult:
 
 @dataclass(frozen=True)
 class HeldoutPrediction:
-    """A speculative setting's tau predicted on the held-out data (`eaglewire.bench.prediction`)."""
+    """A speculative setting's tau predicted on the held-out data (`eaglewire.predict.predictor`)."""
 
     predicted_tau: float | None
     method: str
@@ -179,7 +179,7 @@ class HeldoutPrediction:
 
 @dataclass(frozen=True)
 class ServedPrediction:
-    """A speculative setting's tau predicted on the text it served (`eaglewire.bench.served`)."""
+    """A speculative setting's tau predicted on the text it served (`eaglewire.predict.served`)."""
 
     predicted_tau: float | None
     measured_tau_in_text: float | None

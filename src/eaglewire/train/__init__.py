@@ -1,8 +1,9 @@
 """EAGLE-3 training: training-time-test loss, online/offline data, the loop, checkpoints, distributed, eval.
 
-Entry points: `eaglewire.train.loop.train` (library), `eaglewire.train.run.run_training` /
-`run_eval` (what the CLI calls), `eaglewire.train.ttt.ttt_unroll` (the TTT forward, wired as served),
-`eaglewire.train.evaluate` (per-step accuracy and predicted acceptance length).
+Entry points: `eaglewire.train.loop.train` (library), `eaglewire.train.run.run_training` (what the
+CLI calls), `eaglewire.train.ttt.ttt_unroll` (the TTT forward, wired as served),
+`eaglewire.train.evaluate` (per-step accuracy and per-position draft ranks on held-out rows; the
+acceptance length predicted from them is `eaglewire.predict`'s).
 """
 
 # The names below load on first use (PEP 562), not with the package: importing
@@ -13,24 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from eaglewire.train.config import TrainConfig
-    from eaglewire.train.evaluate import EvalResult, evaluate_draft
     from eaglewire.train.loop import TrainResult, train
-    from eaglewire.train.replay import full_tree, predicted_tau_chain, predicted_tau_tree
     from eaglewire.train.target_side import OfflineTarget, OnlineTarget, TargetHead
     from eaglewire.train.ttt import ttt_attention_mask, ttt_unroll
 
 _HOME = {
-    "EvalResult": "evaluate",
-    "evaluate_draft": "evaluate",
     "OfflineTarget": "target_side",
     "OnlineTarget": "target_side",
     "TargetHead": "target_side",
     "TrainConfig": "config",
     "TrainResult": "loop",
     "train": "loop",
-    "full_tree": "replay",
-    "predicted_tau_chain": "replay",
-    "predicted_tau_tree": "replay",
     "ttt_attention_mask": "ttt",
     "ttt_unroll": "ttt",
 }
@@ -44,16 +38,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "EvalResult",
     "OfflineTarget",
     "OnlineTarget",
     "TargetHead",
     "TrainConfig",
     "TrainResult",
-    "evaluate_draft",
-    "full_tree",
-    "predicted_tau_chain",
-    "predicted_tau_tree",
     "train",
     "ttt_attention_mask",
     "ttt_unroll",

@@ -61,7 +61,7 @@ from eaglewire.train.distributed import (
     wrap_model,
 )
 from eaglewire.train.epoch_plans import EpochPlans, check_resumed_plan, epoch_plan_sha256
-from eaglewire.train.evaluate import EvalResult, eval_rows, evaluate_model
+from eaglewire.train.evaluate import EvalRanks, eval_rows, evaluate_model
 from eaglewire.train.loss import NUM_COUNTS, StepCounts
 from eaglewire.train.objective import TTTObjective, autocast_for
 from eaglewire.train.reporting import MetricsSink, Progress
@@ -298,7 +298,7 @@ class Trainer:
         raise TrainingError(msg, fix="inspect those records' hidden states (inf/NaN?) or lower learning_rate")
 
     # --- evaluation, checkpoints ---
-    def evaluate(self) -> EvalResult | None:
+    def evaluate(self) -> EvalRanks | None:
         if self.eval_data is None or len(self.eval_data) == 0:
             return None
         rows = eval_rows(
@@ -430,12 +430,12 @@ class Trainer:
         t = torch.tensor([elapsed], dtype=torch.float64, device=self.ctx.device)
         return float(all_reduce_max(t, self.ctx).item())
 
-    def _write_eval(self, result: EvalResult | None) -> None:
+    def _write_eval(self, result: EvalRanks | None) -> None:
         if result is not None:
             self.sink.write({"split": "eval", "step": self.step, "epoch": self.epoch, **result.summary()})
 
     def _result(
-        self, last: dict[str, Any], final_eval: EvalResult | None, tokens: int, seconds: float, *, final: bool
+        self, last: dict[str, Any], final_eval: EvalRanks | None, tokens: int, seconds: float, *, final: bool
     ) -> TrainResult:
         draft_dir = self.out_dir / DRAFT_DIR
         eval_summary = final_eval.summary() if final_eval is not None else None

@@ -1,5 +1,6 @@
-"""What `eaglewire train` and `eaglewire eval` do: open the data directory, pick the online or
-offline target side, get a draft, and call the loop / the evaluator.
+"""What `eaglewire train` does: open the data directory, pick the online or offline target side, get
+a draft, and call the loop (`eaglewire eval` opens its data and target side here too:
+`eaglewire.predict.evaluation.run_eval`).
 
 A data directory is either a tokenized dataset (`eaglewire data build`: online, the target runs
 inside the loop) or a shard directory (`eaglewire data capture`: offline, only the target's final
@@ -28,7 +29,6 @@ from eaglewire.target.loading import LoadedTarget, load_target, resolve_target_p
 from eaglewire.train.checkpoint import check_run_dir, find_latest, verify_checkpoint
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.distributed import DistContext, init_distributed
-from eaglewire.train.evaluate import EvalResult, evaluate_draft
 from eaglewire.train.loop import TrainResult, train
 from eaglewire.train.target_side import (
     OfflineTarget,
@@ -193,38 +193,3 @@ def run_training(
         ctx=ctx,
     )
 
-
-def run_eval(
-    *,
-    draft_dir: Path,
-    target: str,
-    data_dir: Path,
-    num_steps: int,
-    batch_size: int = 1,
-    max_length: int = 2048,
-    max_records: int = 0,
-    device: str | None = None,
-    target_dtype: str | None = None,
-    loaded: LoadedTarget | None = None,
-) -> EvalResult:
-    """Offline evaluation of a saved draft on a tokenized dataset or a shard directory. `loaded`: the
-    target already loaded (tokenized data runs it instead of loading `target` again; shards need
-    only its head, loaded from `target`)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    draft, contract = load_draft(draft_dir, device=dev)
-    data = open_data(data_dir)
-    side = make_target_side(
-        data, target, contract, draft, device=dev, target_dtype=target_dtype or default_target_dtype(dev),
-        loaded=loaded,
-    )  # fmt: skip
-    return evaluate_draft(
-        draft,
-        contract,
-        side,
-        data.records,
-        num_steps=num_steps,
-        batch_size=batch_size,
-        max_length=max_length,
-        max_records=max_records,
-        device=dev,
-    )

@@ -1,24 +1,19 @@
-"""Shared fixtures: a tiny random Llama target and an untrained EAGLE-3 draft saved for it; `served_tiny`:
-a draft trained on a tiny target's own greedy answers (the prediction tests)."""
+"""Shared fixtures: a tiny random Llama target and an untrained EAGLE-3 draft saved for it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from eaglewire.bench.prompts import BenchPrompt, PromptSet, encode_prompt
-from eaglewire.contract.contract import Contract
+from eaglewire.bench.prompts import BenchPrompt, PromptSet
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import save_draft
-from eaglewire.draft.model import Eagle3Draft
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
-from tests.helpers.tiny import CORPUS, make_tiny_target
-from tests.unit.engine.conftest import Tiny, plain_greedy, train_draft
+from tests.helpers.tiny import make_tiny_target
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -51,26 +46,3 @@ def two_prompts() -> PromptSet:
             BenchPrompt("code", (("system", "You write Python."), ("user", "def add(a, b):"))),
         ),
     )
-
-
-@dataclass(frozen=True)
-class ServedTiny:
-    """A tiny target, three chat prompts, the target's greedy answer to each, and a draft trained on
-    those answers (it agrees with the target often, so chains and trees accept several tokens)."""
-
-    target: LoadedTarget
-    contract: Contract
-    prompts: PromptSet
-    ids: list[list[int]]  # each prompt's chat-templated ids
-    greedy: list[list[int]]  # the target's greedy answer to each, `answer_tokens` long
-    draft: Eagle3Draft
-
-
-def served_tiny(answer_tokens: int) -> ServedTiny:
-    target = make_tiny_target("llama", num_layers=4)
-    contract = build_contract(target, (1, 2, 3))
-    prompts = PromptSet("tiny", tuple(BenchPrompt(f"p{i}", (("user", t),)) for i, t in enumerate(CORPUS[:3])))
-    ids = [encode_prompt(target.tokenizer, p) for p in prompts.prompts]
-    greedy = [plain_greedy(target.model, p, answer_tokens) for p in ids]
-    draft = train_draft(Tiny(target, contract, init_draft(target, contract), ids, greedy))
-    return ServedTiny(target, contract, prompts, ids, greedy, draft)

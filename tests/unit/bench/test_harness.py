@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from eaglewire.bench.harness import METHODS, BenchConfig, run_benchmark
-from eaglewire.bench.prediction import SummaryPredictor
 from eaglewire.errors import ConfigError
+from eaglewire.predict.predictor import SummaryPredictor
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

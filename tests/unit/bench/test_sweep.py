@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from eaglewire.bench.prediction import SummaryPredictor
 from eaglewire.bench.sweep import (
     BEST_SETTING_FILE,
     SweepConfig,
@@ -19,6 +18,7 @@ from eaglewire.bench.sweep import (
 )
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
+from eaglewire.predict.predictor import SummaryPredictor
 
 
 def test_grid_keeps_only_valid_combinations() -> None:

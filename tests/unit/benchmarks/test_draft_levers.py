@@ -90,7 +90,7 @@ def test_variants_train_fresh_drafts_and_a_rerun_skips_them(run_dir: Path, tmp_p
 
 
 def test_fit_records_score_the_variant_on_the_text_it_trained_on(run_dir: Path, tmp_path: Path) -> None:
-    from eaglewire.train.run import run_eval
+    from eaglewire.predict.evaluation import run_eval
 
     out = tmp_path / "fit.json"
     done = levers(run_dir, out, ["base"], extra=["--fit-records", "4"])

@@ -64,7 +64,7 @@ def test_the_bench_settings_are_predicted_as_the_bench_predicted_them(bench_run,
         assert rows[shape]["measured_tau"] == served[shape]["measured_tau"]
     assert rows[(3, 2, 4)]["measured_tau"] is None and rows[(3, 2, 4)]["predicted_tau"] >= 1.0
     # the dynamic replay decodes the bench's own text: the chain's rounds are the bench's, except
-    # that the replay's last round per prompt accepts nothing past the text (tests/unit/bench/test_text_replay.py)
+    # that the replay's last round per prompt accepts nothing past the text (tests/unit/predict/test_text_replay.py)
     for shape, r in rows.items():
         assert 1.0 <= r["dynamic_tau"] <= shape[0] + 1
     chain = bench["methods"]["eagle-chain"]

@@ -274,8 +274,8 @@ def test_the_walk_finds_fixes_and_commands() -> None:
     assert len(FIXES) > 50 and {"generate", "eval", "train", "data build", "doctor"} <= set(COMMANDS)
     assert "--max-new-tokens" in COMMANDS["generate"].flags
     # the mapping is by code path: the evaluation's module is reached by eval, not by ids
-    assert "eval" in _owners(next(f for f in FIXES if f.path.name == "evaluate.py"))
-    assert "ids" not in _owners(next(f for f in FIXES if f.path.name == "evaluate.py"))
+    assert "eval" in _owners(next(f for f in FIXES if f.path.name == "evaluation.py"))
+    assert "ids" not in _owners(next(f for f in FIXES if f.path.name == "evaluation.py"))
 
 
 def test_the_check_catches_a_flag_on_the_wrong_command() -> None:
@@ -286,8 +286,8 @@ def test_the_check_catches_a_flag_on_the_wrong_command() -> None:
 
     assert check("cli/generate.py", "pass --aux-boundaries", "generate")  # a train/capture flag
     assert check("data/regenerate.py", "write to a new --output")  # the flag is --out
-    assert check("train/evaluate.py", "see `eaglewire eval --bogus 3`")
-    assert not check("train/evaluate.py", "pass --target, or see `eaglewire eval --max-records 3 --json`")
+    assert check("predict/evaluation.py", "see `eaglewire eval --bogus 3`")
+    assert not check("predict/evaluation.py", "pass --target, or see `eaglewire eval --max-records 3 --json`")
     assert not check("train/loop.py", "build it with `eaglewire data build --split train`; pass --eval-data")
     assert check("train/loop.py", "pass --split train")  # train has no --split
     assert check("data/formats.py", "--page-size 1")  # SGLang's flag, outside the SGLang lint

@@ -1,10 +1,10 @@
-"""The prediction on the served text (`eaglewire.bench.served`): in float32 on CPU the replay over the
+"""The prediction on the served text (`eaglewire.predict.served`): in float32 on CPU the replay over the
 text a speculative setting served equals the engine's measured rounds exactly, through `run_benchmark`.
 
 A tiny random Llama target, a draft trained on its greedy text after the bench's prompts (the engine
 tests' recipe, so rounds accept several drafts), three prompts, 35 tokens each. The comparison cuts
 the engine's last round at the end of the generated text, the rule of
-`tests/unit/train/test_replay_matches_engine.py`; at 35 tokens that cut changes some prompt's last round.
+`tests/unit/predict/test_replay_matches_engine.py`; at 35 tokens that cut changes some prompt's last round.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 from eaglewire.bench.harness import BenchConfig, run_benchmark
 from eaglewire.bench.report import BenchReport
-from eaglewire.bench.served import (
+from eaglewire.draft.io import save_draft
+from eaglewire.predict.served import (
     CHAIN_METHOD,
     TREE_METHOD,
     RoundStats,
@@ -25,8 +26,7 @@ from eaglewire.bench.served import (
     served_markdown,
     served_summary,
 )
-from eaglewire.draft.io import save_draft
-from tests.unit.bench.conftest import served_tiny
+from tests.unit.predict.conftest import served_tiny
 
 TRAIN_TOKENS = 40  # greedy tokens after each prompt the draft is trained on
 NEW_TOKENS = 35  # max_new_tokens: a last round verifies drafts past it (checked below)
@@ -64,7 +64,7 @@ def test_chain_prediction_on_served_text_equals_measured(report: BenchReport) ->
 
 
 def test_tree_prediction_on_served_text_equals_measured(report: BenchReport) -> None:
-    """The dynamic tree replayed over the served text (`bench.text_replay`): the engine's own
+    """The dynamic tree replayed over the served text (`predict.text_replay`): the engine's own
     rounds, exactly, as the chain's replay is."""
     tree = report.results["eagle-tree"]
     assert tree.mismatches == []

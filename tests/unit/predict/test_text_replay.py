@@ -1,4 +1,4 @@
-"""The text replay (`bench.text_replay`) runs the engine's own dynamic-tree rounds without the
+"""The text replay (`predict.text_replay`) runs the engine's own dynamic-tree rounds without the
 target: on the target's greedy text (float32, CPU) it finds the same accepted drafts, round for
 round, as the real engine verifying with the target, for a chain and for trees."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.bench.text_replay import TextRunner, replay_on_texts, text_aux
 from eaglewire.engine.api import SpeculativeDecoder
 from eaglewire.engine.runners.factory import make_runner
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
+from eaglewire.predict.text_replay import TextRunner, replay_on_texts, text_aux
 from eaglewire.target.identity import build_contract
 from tests.helpers.tiny import CORPUS, make_tiny_target
 from tests.unit.engine.conftest import AUX_BOUNDARIES, NUM_LAYERS, Tiny, chat_ids, plain_greedy, train_draft

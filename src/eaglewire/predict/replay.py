@@ -1,6 +1,6 @@
 """The acceptance-length prediction's pure math: static trees as rank paths, the drafts each round
 accepts, and the replay of held-out responses the way an engine decodes them (no model, no data
-loading: `eaglewire.train.evaluate` measures the ranks these read; its docstring says what the
+loading: `eaglewire.predict.evaluation` measures the ranks these read; its docstring says what the
 prediction assumes). Shapes: N rows (positions, record slices back to back), S steps.
 
 Replay (the default prediction): a tree is a set of nodes, each a path of ranks (r_1, ..., r_d)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglewire.bench.prediction import (
+from eaglewire.engine.spec_args import SpecArgs
+from eaglewire.errors import DataFormatError
+from eaglewire.predict.predictor import (
     PredictionRow,
     SummaryPredictor,
     find_summary_predictor,
@@ -19,9 +21,7 @@ from eaglewire.bench.prediction import (
     prediction_summary,
     tree_for_spec,
 )
-from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.errors import DataFormatError
-from eaglewire.train.replay import predicted_tau_tree
+from eaglewire.predict.replay import predicted_tau_tree
 
 
 class RanksPredictor:
@@ -130,7 +130,7 @@ def test_real_evaluation_predicts_chains_and_trees(tiny_target, draft_dir) -> No
     """The trainer's EvalResult plugs in as a predictor: chain replay and static-tree approximation."""
     from eaglewire.data.types import TokenizedRecord
     from eaglewire.draft.io import load_draft
-    from eaglewire.train.evaluate import evaluate_draft
+    from eaglewire.predict.evaluation import evaluate_draft
     from eaglewire.train.target_side import OnlineTarget
 
     draft, contract = load_draft(draft_dir)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from eaglewire.contract.contract import CONTRACT_FILE, Contract, FinalState
 from eaglewire.contract.numbering import validate_boundaries
-from eaglewire.data.relabel import check_aux_count, contract_on_target, identity_differences
 from eaglewire.doctor.draft_source import detect_kind
 from eaglewire.draft.config import DRAFT_CONFIG_FILE, DRAFT_FORMAT, DraftConfig
 from eaglewire.draft.io import DRAFT_FILES, WEIGHTS_FILE, load_draft
 from eaglewire.errors import CheckpointError, ConfigError, ContractMismatchError
 from eaglewire.outputs import OutputKind, fresh_output, write_marker
+from eaglewire.relabel.data import check_aux_count, contract_on_target, identity_differences
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.typed_config import read_json_file
 

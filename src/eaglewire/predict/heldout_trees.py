@@ -1,18 +1,18 @@
 """Held-out prediction of the engine's dynamic trees: its own drafter decoding the held-out answers.
 
-The trainer's evaluation (`eaglewire.train.evaluate.EvalResult`) predicts a chain by replaying the
+The trainer's evaluation (`eaglewire.predict.evaluation.EvalResult`) predicts a chain by replaying the
 draft's ranks along each held-out answer (exact on the target's greedy text), but the engine's tree
 is dynamic (reranked every round by the draft's scores), and a static tree of the same settings
-(`prediction.tree_for_spec`) was 5-8% below the trees measured on the H200. The held-out records are the target's own answers
+(`predictor.tree_for_spec`) was 5-8% below the trees measured on the H200. The held-out records are the target's own answers
 (the quickstart regenerates them greedily: `regen_temperature` 0 in every preset; `eaglewire data
 regenerate` samples at 0.7 unless given `--temperature 0`), so the text replay the served prediction
-uses (`bench.text_replay`) serves here too: every held-out record's answer (the `answer`-th one, as
+uses (`predict.text_replay`) serves here too: every held-out record's answer (the `answer`-th one, as
 the evaluation replays: 1 = the first, what a benchmark prompt's answer is; None = every answer)
 becomes a (prompt, answer) text, the prompt being the record's tokens before it, and the engine's
 `SpeculativeDecoder` decodes it over a `TextRunner` for `horizon` tokens (the bench's
 max_new_tokens), its aux states from one teacher-forced forward of the target over the text.
 
-On a greedy answer this is the engine's own rounds (`tests/unit/bench/test_heldout_trees.py` finds
+On a greedy answer this is the engine's own rounds (`tests/unit/predict/test_heldout_trees.py` finds
 them exactly in float32). Where an answer is not the target's greedy text (re-tokenized, sampled, or
 regenerated in bf16 in batches), it predicts what the evaluation's replay predicts under the same
 assumption: the answer's tokens are the ones the target accepts.
@@ -45,11 +45,11 @@ from eaglewire.errors import ConfigError
 from eaglewire.target.loading import LoadedTarget
 
 if TYPE_CHECKING:
-    from eaglewire.bench.text_replay import TextReplay
     from eaglewire.contract.contract import Contract
     from eaglewire.draft.model import Eagle3Draft
+    from eaglewire.predict.evaluation import EvalResult
+    from eaglewire.predict.text_replay import TextReplay
     from eaglewire.train.batches import RecordSource
-    from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def collect_heldout_texts(
     """The `answer`-th answer (1-based; None: every answer) of each of the first `max_records` records
     (0: all), each kept to `keep_tokens` tokens (None: whole), with the aux of one teacher-forced
     forward of `target` over the record up to the last answer kept (see the module docstring)."""
-    from eaglewire.bench.text_replay import text_aux
+    from eaglewire.predict.text_replay import text_aux
 
     limit = getattr(target.config, "max_position_embeddings", None)
     n = len(records) if max_records <= 0 else min(max_records, len(records))
@@ -136,7 +136,7 @@ def collect_heldout_texts(
 
 @dataclass
 class HeldoutTreePredictor:
-    """A held-out `TauPredictor` (`bench.prediction`) that also decodes an engine setting's dynamic
+    """A held-out `TauPredictor` (`predict.predictor`) that also decodes an engine setting's dynamic
     tree over the held-out answers (`tau_dynamic_tree`); chains, static trees and the
     position-averaged formulas are the evaluation's. The texts and their aux are gathered at the
     first tree asked for (a chain-only bench never needs the target's extra forwards)."""
@@ -186,7 +186,7 @@ class HeldoutTreePredictor:
 
     def replay_dynamic_tree(self, spec: SpecArgs) -> TextReplay:
         """The engine's rounds of `spec` over every held-out answer (cached per setting)."""
-        from eaglewire.bench.text_replay import replay_on_texts
+        from eaglewire.predict.text_replay import replay_on_texts
 
         if spec.num_steps > self.depth:
             raise ConfigError(
@@ -236,17 +236,18 @@ def evaluate_predictor(
     horizon: int | None = None,
     answer: int | None = None,
 ) -> HeldoutTreePredictor:
-    """Run the trainer's offline evaluation (`eaglewire.train.run.run_eval`) on a held-out tokenized
-    dataset or shard directory, and decode trees over the same records (`bench.heldout_trees`): a
-    predictor of chains, static trees and dynamic trees. `target`: a loaded target (used for both,
-    so it is loaded once), or what `load_target` takes (loaded here, `target_dtype` on `device`).
+    """Run the offline evaluation (`predict.evaluation.run_eval`) on a held-out tokenized dataset or
+    shard directory, and decode trees over the same records (`HeldoutTreePredictor`): a predictor of
+    chains, static trees and dynamic trees. `target`: a loaded target (used for both, so it is loaded
+    once), or what `load_target` takes (loaded here, `target_dtype` on `device`).
     `horizon`: replay only the first that many tokens of each response (the benchmark's
     max_new_tokens); `answer`: only each record's answer-th response (1: first answers; None: all,
     `EvalResult.answer`)."""
     from dataclasses import replace
 
+    from eaglewire.predict.evaluation import run_eval
     from eaglewire.target.loading import load_target
-    from eaglewire.train.run import default_target_dtype, run_eval
+    from eaglewire.train.run import default_target_dtype
 
     if isinstance(target, LoadedTarget):
         loaded = target

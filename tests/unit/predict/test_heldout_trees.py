@@ -1,4 +1,4 @@
-"""The held-out prediction of a dynamic tree (`bench.heldout_trees`): on held-out records whose first
+"""The held-out prediction of a dynamic tree (`predict.heldout_trees`): on held-out records whose first
 answers are the target's greedy continuation (float32, CPU), it equals the engine's measured rounds
 exactly, through `eaglewire bench`'s path (`evaluate_predictor` -> `run_benchmark`'s prediction
 check) and `eaglewire eval --tree NUM_STEPS,TOPK,NUM_DRAFT_TOKENS`, where the static tree of
@@ -22,18 +22,6 @@ import torch
 from typer.testing import CliRunner
 
 from eaglewire.bench.harness import BenchConfig, run_benchmark
-from eaglewire.bench.heldout_trees import (
-    HeldoutTreePredictor,
-    answer_spans,
-    collect_heldout_texts,
-    evaluate_predictor,
-)
-from eaglewire.bench.prediction import (
-    DYNAMIC_TREE_METHOD,
-    prediction_markdown,
-    prediction_rows,
-    tree_for_spec,
-)
 from eaglewire.bench.prompts import PromptSet
 from eaglewire.bench.report import BenchReport
 from eaglewire.cli import app
@@ -43,11 +31,23 @@ from eaglewire.data.types import TokenizedRecord
 from eaglewire.draft.io import save_draft
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
+from eaglewire.predict.evaluation import FIRST_ANSWER
+from eaglewire.predict.heldout_trees import (
+    HeldoutTreePredictor,
+    answer_spans,
+    collect_heldout_texts,
+    evaluate_predictor,
+)
+from eaglewire.predict.predictor import (
+    DYNAMIC_TREE_METHOD,
+    prediction_markdown,
+    prediction_rows,
+    tree_for_spec,
+)
 from eaglewire.target.identity import tokenizer_hash
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.train.evaluate import FIRST_ANSWER
 from tests.helpers.tiny import save_tiny_target
-from tests.unit.bench.conftest import served_tiny
+from tests.unit.predict.conftest import served_tiny
 
 HORIZON = 30  # the bench's max_new_tokens, the held-out horizon
 ANSWER_TOKENS = 40  # greedy tokens per held-out answer: past HORIZON + the tree's depth
@@ -204,7 +204,7 @@ def test_answers_it_cannot_replay_are_skipped_and_counted(
         _record("long", [([9] * (limit - 1), False), ([50] * 4, True)]),  # limit + 1 tokens kept
     ]
     assert answer_spans(records[0].loss_mask) == [(3, 6), (9, 11)]
-    with caplog.at_level(logging.WARNING, logger="eaglewire.bench.heldout_trees"):
+    with caplog.at_level(logging.WARNING, logger="eaglewire.predict.heldout_trees"):
         firsts = collect_heldout_texts(records, target, contract, answer=FIRST_ANSWER, keep_tokens=2)
     assert [(t.record_id, t.prompt, t.answer) for t in firsts.texts] == [("two", tuple(prompt), (50, 51))]
     assert firsts.auxes[0].shape == (5, 3 * target.hidden_size)  # prompt + the answer's kept tokens
@@ -220,7 +220,7 @@ def test_answers_it_cannot_replay_are_skipped_and_counted(
     assert every.texts[1].prompt == (*prompt, 50, 51, 52, *SECOND_TURN)
     # the aux is causal: the first text's rows are those of its own teacher-forced forward. The two
     # forwards have different lengths, so their float32 sums may round differently (AVX-512 vs AVX2)
-    from eaglewire.bench.text_replay import text_aux
+    from eaglewire.predict.text_replay import text_aux
 
     torch.testing.assert_close(every.auxes[0], text_aux(target, contract, [*prompt, 50, 51, 52]))
 

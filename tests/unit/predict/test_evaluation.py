@@ -9,9 +9,8 @@ import torch
 
 from eaglewire.draft.init import init_draft
 from eaglewire.errors import ConfigError
-from eaglewire.train.evaluate import EvalResult, evaluate_draft
-from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
-from eaglewire.train.replay import (
+from eaglewire.predict.evaluation import EvalResult, evaluate_draft
+from eaglewire.predict.replay import (
     accepted_drafts,
     chain_tree,
     full_tree,
@@ -22,6 +21,7 @@ from eaglewire.train.replay import (
     response_spans,
     response_turns,
 )
+from eaglewire.train.loss import OUT_OF_VOCAB_RANK, StepCounts
 from eaglewire.train.target_side import OfflineTarget, TargetHead
 
 
@@ -213,19 +213,19 @@ def _naive_replay(ranks: torch.Tensor, valid: torch.Tensor, lengths: list[int], 
     return rounds, tokens
 
 
-def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
-    d2t = torch.arange(0, tiny_target.vocab_size, 3)  # a partial draft vocab: some target tokens are OOV
-    draft = init_draft(tiny_target, tiny_contract, draft_to_target=d2t, seed=0)
-    head = TargetHead.from_target(tiny_target, tiny_contract.final)
-    side = OfflineTarget(head, tiny_contract, d2t)
+def test_evaluator_end_to_end(peaked_target, peaked_contract, eval_captured):
+    d2t = torch.arange(0, peaked_target.vocab_size, 3)  # a partial draft vocab: some target tokens are OOV
+    draft = init_draft(peaked_target, peaked_contract, draft_to_target=d2t, seed=0)
+    head = TargetHead.from_target(peaked_target, peaked_contract.final)
+    side = OfflineTarget(head, peaked_contract, d2t)
     draft.eval()
-    res = evaluate_draft(draft, tiny_contract, side, eval_captured, num_steps=3, max_length=64)
+    res = evaluate_draft(draft, peaked_contract, side, eval_captured, num_steps=3, max_length=64)
     assert not draft.training  # evaluating leaves the caller's draft in the mode it came in
     s = res.summary()
     assert s["records"] == len(eval_captured) and len(s["acc"]) == 3
     # OOV count = valid step-0 rows whose target argmax is not in the draft vocab, computed independently
     expected_oov = 0
-    in_vocab = torch.zeros(tiny_target.vocab_size, dtype=torch.bool)
+    in_vocab = torch.zeros(peaked_target.vocab_size, dtype=torch.bool)
     in_vocab[d2t] = True
     for r in eval_captured:
         top = head(r.final).argmax(-1)  # [T]: the target's token at position p
@@ -265,17 +265,17 @@ def test_evaluator_end_to_end(tiny_target, tiny_contract, eval_captured):
 
 
 def test_tokenized_data_on_another_target_names_the_draft_and_the_live_target(
-    tiny_target, tiny_contract, token_records
+    peaked_target, peaked_contract, token_records
 ):
     """Online evaluation: the live target computes the states, so a mismatch is the target's, shown as
     `--target=` (not `data=`), with the fix pointing at the draft's own target."""
     from eaglewire.errors import ContractMismatchError
     from eaglewire.train.target_side import OnlineTarget
 
-    draft = init_draft(tiny_target, tiny_contract, seed=0)
-    trained_on = replace(tiny_contract.target, tokenizer_hash="another", name="/models/the-drafts-target")
-    draft_contract = replace(tiny_contract, target=trained_on)
-    side = OnlineTarget(tiny_target, tiny_contract, draft.get_buffer("draft_to_target"))
+    draft = init_draft(peaked_target, peaked_contract, seed=0)
+    trained_on = replace(peaked_contract.target, tokenizer_hash="another", name="/models/the-drafts-target")
+    draft_contract = replace(peaked_contract, target=trained_on)
+    side = OnlineTarget(peaked_target, peaked_contract, draft.get_buffer("draft_to_target"))
     with pytest.raises(ContractMismatchError) as e:
         evaluate_draft(draft, draft_contract, side, token_records, num_steps=2, max_length=64)
     msg = str(e.value)

@@ -1,13 +1,13 @@
-"""Prediction check: the trainer's offline predicted acceptance length vs the tau the engine measures.
+"""Predicting an engine setting's tau offline, and checking it against the tau the engine measures.
 
-The prediction comes from `eaglewire.train.evaluate` (held-out data, no engine). The default is the
+The prediction comes from `eaglewire.predict.evaluation` (held-out data, no engine). The default is the
 **replay** (module docstring there): greedy speculative decoding simulated over the held-out
 responses from the evaluation's per-position draft ranks, tau = tokens emitted / verification
 rounds. The older **position-averaged** formula (1 + the mean accepted drafts over *every* position)
 is reported beside it (`position_averaged_tau`): rounds start right after a rejected draft and
 draft errors cluster, so it overestimates the engine's tau (15-47% measured on an H200).
 
-* an `EvalResult` (in process; `bench.heldout_trees.evaluate_predictor` runs the evaluation on a
+* an `EvalResult` (in process; `predict.heldout_trees.evaluate_predictor` runs the evaluation on a
   held-out dataset, and wraps it to decode dynamic trees too) replays chains and trees;
 * a JSON summary (`eaglewire eval --json`, or any report with "cond_acc"): chains only, the replay
   when it carries "predicted_tau_chain" (written by evaluations that kept per-position ranks), the
@@ -16,8 +16,8 @@ draft errors cluster, so it overestimates the engine's tau (15-47% measured on a
 
 Trees: the engine's tree is dynamic (SGLang's num_steps/topk/num_draft_tokens, reranked per round
 by draft scores). With the draft, the target and the held-out records in process
-(`bench.heldout_trees.evaluate_predictor`: a `HeldoutTreePredictor`) it is decoded as the engine
-decodes it, by the engine's own drafter over every held-out answer (`bench.text_replay`; method
+(`predict.heldout_trees.evaluate_predictor`: a `HeldoutTreePredictor`) it is decoded as the engine
+decodes it, by the engine's own drafter over every held-out answer (`predict.text_replay`; method
 DYNAMIC_TREE_METHOD). Otherwise (a bare `EvalResult`) it is approximated by the static tree
 `tree_for_spec` builds the same way from the evaluation's position-averaged node probabilities:
 depth-1 ranks 0..topk-1, each further depth the topk children of the best topk nodes, then the best
@@ -52,7 +52,7 @@ DYNAMIC_TREE_METHOD = "dynamic_tree_replay"
 
 
 class TauPredictor(Protocol):
-    """What `eaglewire.train.evaluate.EvalResult` offers (SummaryPredictor offers chains only).
+    """What `eaglewire.predict.evaluation.EvalResult` offers (SummaryPredictor offers chains only).
 
     `tau_chain` / `tau_tree` are the default prediction (`prediction_method`: "replay", or
     "position_averaged" where no per-position data exists); `position_averaged_*` the older formula."""
@@ -71,7 +71,7 @@ class TauPredictor(Protocol):
 
 @runtime_checkable
 class DynamicTreePredictor(Protocol):
-    """A predictor that decodes an engine setting's dynamic tree itself (`bench.heldout_trees`)."""
+    """A predictor that decodes an engine setting's dynamic tree itself (`predict.heldout_trees`)."""
 
     def tau_dynamic_tree(self, spec: SpecArgs) -> float: ...
 
@@ -109,14 +109,14 @@ class SummaryPredictor:
         return 1.0 if k == 0 else self.replay_tau_chain[k - 1]
 
     def position_averaged_tau_chain(self, k: int) -> float:
-        from eaglewire.train.replay import predicted_tau_chain
+        from eaglewire.predict.replay import predicted_tau_chain
 
         return predicted_tau_chain(list(self.cond_acc), k)
 
     def tau_tree(self, tree: Sequence[Sequence[int]]) -> float:
         raise ConfigError(
             f"{self.source or 'the evaluation summary'} has per-step accuracies only; a tree prediction needs "
-            "the per-position ranks of an in-process evaluation (eaglewire.train.evaluate.EvalResult)"
+            "the per-position ranks of an in-process evaluation (eaglewire.predict.evaluation.EvalResult)"
         )
 
     def position_averaged_tau_tree(self, tree: Sequence[Sequence[int]]) -> float:
@@ -320,6 +320,6 @@ def prediction_markdown(rows: Sequence[PredictionRow]) -> str:
         )
     methods = sorted({r.prediction_method for r in rows if r.prediction_method})
     if methods:
-        lines += ["", f"method: how predicted tau was computed ({', '.join(methods)}; see eaglewire.bench.prediction); "
+        lines += ["", f"method: how predicted tau was computed ({', '.join(methods)}; see eaglewire.predict.predictor); "
                   "a tree's position-averaged tau is the formula over the static tree"]  # fmt: skip
     return "\n".join(lines)

@@ -1,28 +1,28 @@
 """Prediction on the served text: the offline replay over the very tokens the engine generated.
 
-The held-out prediction (`eaglewire.bench.prediction`) replays decoding over held-out records while
+The held-out prediction (`eaglewire.predict.predictor`) replays decoding over held-out records while
 tau is measured on the bench's prompts, so a gap between them is either *distribution* (held-out
 answers are not the served prompts' answers) or *numerics* (the replay's target is transformers'
 forward, the engine's the fast runtime; bf16 on a GPU). This prediction takes the first away: after
 a speculative setting decoded a prompt set, every prompt + the token ids the engine generated (not
 re-tokenized text) becomes a record with the loss mask on the generated tokens, and one batched
-`eaglewire.train.evaluate.evaluate_draft` runs on them, with the online target side (the bench's
+`eaglewire.predict.evaluation.evaluate_draft` runs on them, with the online target side (the bench's
 target, in its dtype) and the draft as `eaglewire eval` runs it (float32 weights under the
 evaluation's autocast: bf16 on CUDA). It is then replayed with the setting's chain over the whole
 generated text (horizon = the tokens generated):
 
 * served prediction vs measured: numerics (or a serving bug) alone, the text being the same. In
-  float32 the two are equal, round for round (`tests/unit/bench/test_served_prediction.py`; the
-  replay itself: `tests/unit/train/test_replay_matches_engine.py`).
+  float32 the two are equal, round for round (`tests/unit/predict/test_served_prediction.py`; the
+  replay itself: `tests/unit/predict/test_replay_matches_engine.py`).
 * held-out prediction vs served prediction: distribution alone, both being the same replay.
 
 Trees: the engine's tree is dynamic (reranked per round by the draft's scores), and on a greedy
 text the verification of any tree is known in advance, so a tree's prediction decodes the served
-text with the engine's own drafter over `bench.text_replay.TextRunner` (the text's verdicts and the
+text with the engine's own drafter over `predict.text_replay.TextRunner` (the text's verdicts and the
 target's teacher-forced aux states): the dynamic tree itself, no static approximation. In float32
 it equals the engine's rounds too (the CPU test below); on the H200's MT-bench text it came within
-1-2% where the static tree of `prediction.tree_for_spec` was 6-8% low (BENCHMARKS.md 2p). The
-held-out prediction decodes trees the same way over the held-out answers (`bench.heldout_trees`).
+1-2% where the static tree of `predictor.tree_for_spec` was 6-8% low (BENCHMARKS.md 2p). The
+held-out prediction decodes trees the same way over the held-out answers (`predict.heldout_trees`).
 
 The cut at the end of the text (`rounds_within_text`, the rule of the replay test): the engine's last
 round may verify drafts past max_new_tokens (or past eos); the record has no labels there, so the
@@ -37,30 +37,55 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from eaglewire.bench.prediction import PredictionRow
-from eaglewire.bench.results import MethodResult, PromptRun
 from eaglewire.engine.spec_args import SpecArgs
-from eaglewire.errors import ConfigError, EaglewireError
+from eaglewire.errors import EaglewireError
+from eaglewire.predict.predictor import PredictionRow
 
 if TYPE_CHECKING:
     from eaglewire.contract.contract import Contract
     from eaglewire.data.types import TokenizedRecord
     from eaglewire.draft.model import Eagle3Draft
+    from eaglewire.predict.evaluation import EvalResult
     from eaglewire.target.loading import LoadedTarget
-    from eaglewire.train.evaluate import EvalResult
 
 log = logging.getLogger(__name__)
 
+
+class ServedRun(Protocol):
+    """What the served prediction reads of one prompt's decode (`eaglewire.bench.results.PromptRun`)."""
+
+    @property
+    def prompt_id(self) -> str: ...
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...  # [G] the generated ids
+
+    @property
+    def accepted_per_round(self) -> Sequence[int]: ...
+
+    @property
+    def emitted_per_round(self) -> Sequence[int]: ...
+
+
+class ServedMethod(Protocol):
+    """What it reads of one speculative setting's measurement (`eaglewire.bench.results.MethodResult`)."""
+
+    @property
+    def runs(self) -> Sequence[ServedRun]: ...
+
+    @property
+    def tau(self) -> float | None: ...
+
+
 BATCH_TOKENS = 8192  # tokens per evaluation forward (rows of the longest record, packed)
 CHAIN_METHOD = "replay, chain"
-TREE_METHOD = "replay of the dynamic tree: the engine's drafter over the served text (bench.text_replay)"
+TREE_METHOD = "replay of the dynamic tree: the engine's drafter over the served text (predict.text_replay)"
 
 
 def rounds_within_text(
@@ -68,7 +93,7 @@ def rounds_within_text(
 ) -> list[int]:
     """The engine's accepted drafts per round, each cut at the end of a generated text of
     `text_tokens` tokens: min(accepted, text_tokens - the round's first token index) (see the module
-    docstring; the rule of `tests/unit/train/test_replay_matches_engine.py`)."""
+    docstring; the rule of `tests/unit/predict/test_replay_matches_engine.py`)."""
     if len(accepted_per_round) != len(emitted_per_round):
         raise ValueError(
             f"rounds: {len(accepted_per_round)} accepted counts but {len(emitted_per_round)} emitted counts"
@@ -102,7 +127,7 @@ class RoundStats:
         return cls(rounds, sum(n + 1 for n in accepted), per_position)
 
 
-def measured_within_text(runs: Sequence[PromptRun], depth: int) -> RoundStats:
+def measured_within_text(runs: Sequence[ServedRun], depth: int) -> RoundStats:
     """The engine's rounds over every prompt of a method, each cut at the end of its generated text."""
     accepted = [
         n
@@ -112,7 +137,7 @@ def measured_within_text(runs: Sequence[PromptRun], depth: int) -> RoundStats:
     return RoundStats.from_accepted(accepted, depth)
 
 
-def served_records(prompt_ids: Sequence[Sequence[int]], runs: Sequence[PromptRun]) -> list[TokenizedRecord]:
+def served_records(prompt_ids: Sequence[Sequence[int]], runs: Sequence[ServedRun]) -> list[TokenizedRecord]:
     """One record per prompt: its ids + the generated ids, the loss mask on the generated ones."""
     from eaglewire.data.types import TokenizedRecord
 
@@ -127,36 +152,6 @@ def served_records(prompt_ids: Sequence[Sequence[int]], runs: Sequence[PromptRun
     return records
 
 
-def bench_plain_text(
-    bench: dict[str, Any], target: LoadedTarget, where: Path
-) -> tuple[list[list[int]], MethodResult]:
-    """A saved bench.json's prompts, encoded as the bench encoded them, and its plain method's runs
-    (the target's greedy text, which every lossless setting serves too: any draft can be replayed
-    over it). The prompt lengths must match the bench's record, else the chat template or the prompt
-    set moved; `where` (the file) names the mismatch."""
-    from eaglewire.bench.harness import Workload
-    from eaglewire.bench.prompts import load_prompt_set
-
-    if "plain" not in bench.get("methods", {}):
-        raise ConfigError(f"{where}: no 'plain' method in the bench, whose text a replay needs",
-                          fix="use a bench.json of a run that timed plain decoding")  # fmt: skip
-    plain = MethodResult.from_json(bench["methods"]["plain"])
-    prompts = load_prompt_set(bench["prompts"], bench["num_prompts"])
-    work = Workload.build(
-        target, prompts, max_new_tokens=bench["max_new_tokens"], chat=bench["chat_template"]
-    )
-    lengths = [len(p) for p in work.prompt_ids]
-    recorded = [r.prompt_tokens for r in plain.runs]
-    if lengths != recorded:
-        first = next(i for i, (a, b) in enumerate(zip(lengths, recorded, strict=True)) if a != b)
-        raise ConfigError(
-            f"{where}: prompt {plain.runs[first].prompt_id} encodes to {lengths[first]} tokens here but "
-            f"{recorded[first]} in the bench",
-            fix="use the tokenizer and prompt set the bench ran with",
-        )
-    return work.prompt_ids, plain
-
-
 def evaluate_served(
     target: LoadedTarget,
     draft: Eagle3Draft,
@@ -169,7 +164,7 @@ def evaluate_served(
     """`evaluate_draft` (online target side, per-position ranks kept) over `records`, packed into rows
     as long as the longest record, BATCH_TOKENS tokens per forward. `draft` is used as given, under
     `precision`'s autocast (`objective.autocast_for`: 'auto' is bf16 on CUDA, float32 elsewhere)."""
-    from eaglewire.train.evaluate import evaluate_draft
+    from eaglewire.predict.evaluation import evaluate_draft
     from eaglewire.train.target_side import OnlineTarget
 
     longest = max(len(r.input_ids) for r in records)
@@ -264,7 +259,7 @@ class ServedInputs:
     draft: Eagle3Draft  # evaluated as given (pass a float32 copy: `float32_draft`)
     contract: Contract
     prompt_ids: list[list[int]]
-    settings: dict[str, tuple[SpecArgs, MethodResult]]  # method -> its spec and measured result
+    settings: Mapping[str, tuple[SpecArgs, ServedMethod]]  # method -> its spec and measured result
     heldout: list[PredictionRow] = field(default_factory=list)
 
 
@@ -290,11 +285,11 @@ def _predict_chain(result: EvalResult, spec: SpecArgs) -> RoundStats:
 
 
 def _predict_tree(
-    inputs: ServedInputs, runs: Sequence[PromptRun], spec: SpecArgs, auxes: list[torch.Tensor]
+    inputs: ServedInputs, runs: Sequence[ServedRun], spec: SpecArgs, auxes: list[torch.Tensor]
 ) -> RoundStats:
-    """The engine's dynamic tree decoding the served text (`bench.text_replay`): its rounds as
+    """The engine's dynamic tree decoding the served text (`predict.text_replay`): its rounds as
     `measured_within_text` counts the engine's (the replay accepts nothing past the text)."""
-    from eaglewire.bench.text_replay import replay_on_texts
+    from eaglewire.predict.text_replay import replay_on_texts
 
     texts = [(p, r.token_ids) for p, r in zip(inputs.prompt_ids, runs, strict=True)]
     replay = replay_on_texts(inputs.draft, spec, texts, auxes, vocab_size=inputs.target.vocab_size,
@@ -338,7 +333,7 @@ def served_predictions(inputs: ServedInputs) -> list[ServedPrediction]:
                 )
             auxes = []
             if len(chains) < len(specs):
-                from eaglewire.bench.text_replay import text_aux
+                from eaglewire.predict.text_replay import text_aux
 
                 auxes = [text_aux(inputs.target, inputs.contract, [*p, *r.token_ids])
                          for p, r in zip(inputs.prompt_ids, runs, strict=True)]  # fmt: skip
@@ -415,7 +410,7 @@ def served_markdown(rows: Sequence[ServedPrediction]) -> str:
         "token ids the engine generated; measured in text: the engine's rounds cut at the end of the generated "
         "text, as the replay must be (measured tau counts the last round whole); error = measured in text - "
         "predicted. Against the held-out prediction (its method per setting in the offline prediction table) "
-        "the difference is distribution; against measured, numerics (see eaglewire.bench.served).",
+        "the difference is distribution; against measured, numerics (see eaglewire.predict.served).",
     ]
     if any(r.setting["topk"] != 1 and r.predicted is not None for r in rows):
         lines.append(f"Trees: {TREE_METHOD}.")

@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from eaglewire.bench.served import rounds_within_text
 from eaglewire.contract.contract import Contract
 from eaglewire.data.types import TokenizedRecord
 from eaglewire.draft.init import init_draft
@@ -34,10 +33,11 @@ from eaglewire.engine.sampling import SamplingParams
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.speculative import speculative_generate
 from eaglewire.engine.verify import StopRule
+from eaglewire.predict.evaluation import EvalResult, evaluate_draft
+from eaglewire.predict.replay import accepted_drafts, chain_tree, response_spans
+from eaglewire.predict.served import rounds_within_text
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
-from eaglewire.train.evaluate import EvalResult, evaluate_draft
-from eaglewire.train.replay import accepted_drafts, chain_tree, response_spans
 from eaglewire.train.target_side import OnlineTarget
 from tests.helpers.tiny import CORPUS, make_tiny_target
 from tests.unit.engine.conftest import Tiny, chat_ids, plain_greedy, train_draft

@@ -1,0 +1,104 @@
+"""Shared fixtures of the prediction tests: the bench's tiny random Llama target with an untrained draft,
+the training tests' peaked target with held-out records, and `served_tiny`: a draft trained on a tiny
+target's own greedy answers (chains and trees then accept several tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglewire.bench.prompts import BenchPrompt, PromptSet, encode_prompt
+from eaglewire.contract.contract import Contract
+from eaglewire.data.types import CapturedRecord, TokenizedRecord
+from eaglewire.draft.init import init_draft
+from eaglewire.draft.io import save_draft
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.target.identity import build_contract
+from eaglewire.target.loading import LoadedTarget
+from tests.helpers.tiny import CORPUS, make_tiny_target
+from tests.unit.engine.conftest import Tiny, plain_greedy, train_draft
+from tests.unit.train.conftest import capture_records, make_records
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_cpu_thread() -> Iterator[None]:
+    """Tiny matmuls on a loaded 2-core machine: intra-op threads only add contention (10-100x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="package")
+def tiny_target() -> LoadedTarget:
+    return make_tiny_target("llama")
+
+
+@pytest.fixture(scope="package")
+def draft_dir(tiny_target: LoadedTarget, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    contract = build_contract(tiny_target)
+    draft = init_draft(tiny_target, contract, seed=0)
+    return save_draft(draft, contract, tmp_path_factory.mktemp("draft") / "draft")
+
+
+@pytest.fixture(scope="package")
+def two_prompts() -> PromptSet:
+    return PromptSet(
+        "tiny",
+        (
+            BenchPrompt("greeting", (("user", "Hello! How are you today?"),)),
+            BenchPrompt("code", (("system", "You write Python."), ("user", "def add(a, b):"))),
+        ),
+    )
+
+
+@pytest.fixture(scope="package")
+def peaked_target() -> LoadedTarget:
+    """A tiny Llama target whose lm_head is scaled up so its next-token distribution is peaked
+    (a random init is nearly uniform, which leaves a draft nothing to learn)."""
+    target = make_tiny_target("llama", num_layers=8, seed=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(40.0)
+    return target
+
+
+@pytest.fixture(scope="package")
+def peaked_contract(peaked_target: LoadedTarget) -> Contract:
+    return build_contract(peaked_target)
+
+
+@pytest.fixture(scope="package")
+def token_records(peaked_target: LoadedTarget) -> list[TokenizedRecord]:
+    return make_records(peaked_target.vocab_size, 16, seed=1)
+
+
+@pytest.fixture(scope="package")
+def eval_captured(peaked_target: LoadedTarget, peaked_contract: Contract) -> list[CapturedRecord]:
+    return capture_records(peaked_target, peaked_contract, make_records(peaked_target.vocab_size, 4, seed=2))
+
+
+@dataclass(frozen=True)
+class ServedTiny:
+    """A tiny target, three chat prompts, the target's greedy answer to each, and a draft trained on
+    those answers (it agrees with the target often, so chains and trees accept several tokens)."""
+
+    target: LoadedTarget
+    contract: Contract
+    prompts: PromptSet
+    ids: list[list[int]]  # each prompt's chat-templated ids
+    greedy: list[list[int]]  # the target's greedy answer to each, `answer_tokens` long
+    draft: Eagle3Draft
+
+
+def served_tiny(answer_tokens: int) -> ServedTiny:
+    target = make_tiny_target("llama", num_layers=4)
+    contract = build_contract(target, (1, 2, 3))
+    prompts = PromptSet("tiny", tuple(BenchPrompt(f"p{i}", (("user", t),)) for i, t in enumerate(CORPUS[:3])))
+    ids = [encode_prompt(target.tokenizer, p) for p in prompts.prompts]
+    greedy = [plain_greedy(target.model, p, answer_tokens) for p in ids]
+    draft = train_draft(Tiny(target, contract, init_draft(target, contract), ids, greedy))
+    return ServedTiny(target, contract, prompts, ids, greedy, draft)

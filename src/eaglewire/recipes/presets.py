@@ -268,6 +268,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         batch_size=2,
         decode_prompts=3,
         decode_max_new_tokens=48,
+        # not user-eval: a set of 3 x 48 tokens costs this decode stage ~47 s on 2 cores (humaneval-eval's share)
         prompt_sets=("chitchat-eval", "humaneval-eval"),
         chain_steps=5,
         tree_num_steps=4,

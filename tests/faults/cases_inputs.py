@@ -135,6 +135,20 @@ CASES = [
         2,
         says=("--limit: expected >= 1", "got -2"),
     ),
+    # --- a benchmark prompt set is never training data: by name, or as answers made for its prompts
+    Case(
+        "inputs:data-build-benchmark-set-by-name",
+        f"{BUILD} --input user-eval",
+        2,
+        says=("'user-eval' is a benchmark prompt set", "evaluation only", "builtin:chitchat"),
+    ),
+    Case(
+        "inputs:data-build-benchmark-ids",
+        f"{BUILD} --input {{ws}}/answered.jsonl",
+        2,
+        says=("held-out evaluation split", "'user-eval:math-01'", "--split eval"),
+        setup=_jsonl("answered.jsonl", _row({**CONVERSATION, "id": "user-eval:math-01"})),
+    ),
     # --- conversation files
     Case(
         "inputs:null-user-content",

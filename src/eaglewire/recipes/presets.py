@@ -247,6 +247,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         decode=DecodePlan(
             prompts=3,
             max_new_tokens=48,
+            # not user-eval: a set of 3 x 48 tokens costs this decode stage ~47 s on 2 cores (humaneval-eval's share)
             prompt_sets=("chitchat-eval", "humaneval-eval"),
             chain_steps=5,
             tree_num_steps=4,

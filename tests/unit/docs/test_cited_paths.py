@@ -8,7 +8,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-CITED_BY = ["README.md", "BENCHMARKS.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+CITED_BY = [
+    "README.md",
+    "BENCHMARKS.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
+]
 # A path runs until whitespace, a backtick, a quote or a closing bracket; prose punctuation is trimmed after.
 PATH = re.compile(r"benchmarks/results/[^\s`'\"()\[\]]*")
 
@@ -47,6 +51,11 @@ def test_results_live_in_dated_folders() -> None:
 
 
 def test_placeholders_become_patterns() -> None:
-    cited = cited_paths("see `benchmarks/results/x/chain_bench_SET/bench.json`, and benchmarks/results/y/a_{r1,r2}.json.")
+    cited = cited_paths(
+        "see `benchmarks/results/x/chain_bench_SET/bench.json`, and benchmarks/results/y/a_{r1,r2}.json."
+    )
     assert cited == ["benchmarks/results/x/chain_bench_SET/bench.json", "benchmarks/results/y/a_{r1,r2}.json"]
-    assert [as_glob(p) for p in cited] == ["benchmarks/results/x/chain_bench_*/bench.json", "benchmarks/results/y/a_*.json"]
+    assert [as_glob(p) for p in cited] == [
+        "benchmarks/results/x/chain_bench_*/bench.json",
+        "benchmarks/results/y/a_*.json",
+    ]

@@ -17,7 +17,7 @@ With `--served BENCH.json ...` every variant is also scored on text a bench real
 bench's plain method's greedy tokens (every lossless setting serves that text), replayed for the
 chain and the static tree (`predict.served`; a chain's replay equals the engine's rounds in float32
 and came within 0.74% in bf16 on the H200, BENCHMARKS.md 2s). That is the issue's own measure, MT-bench
-included, without decoding: run 19's texts are in `benchmarks/results/h200_quickstart_run19/*/bench.json`.
+included, without decoding: run 19's texts are in `benchmarks/results/2026-12-02-quickstart-run19/*/bench.json`.
 `--tree none` skips the held-out tree (the engine's drafter over every held-out answer, the slow part);
 `--no-heldout-tree` skips only that, and keeps `--tree` for the served texts' static-tree replay. That is
 cheap, and it matters for a variant that trains fewer unrolled steps (`ttt_steps=5`): it may gain on the

@@ -16,7 +16,7 @@ replayed on a CPU, BENCHMARKS.md 2x), where the replay and the served rounds par
 the draft under bf16 autocast, as the H200's replay does:
 
     python benchmarks/served_by_category.py --target smollm2 --draft DRAFT \
-        --bench benchmarks/results/h200_quickstart_run19/mt-bench-all/bench.json --out by_category.json
+        --bench benchmarks/results/2026-12-02-quickstart-run19/mt-bench-all/bench.json --out by_category.json
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@
 #   levers      benchmarks/draft_levers.py: fresh drafts of LEVERS_STEPS steps each on the quickstart's
 #               data, one per training lever (LEVERS_ARGS: its --variant flags), scored by the replay
 #               (and on the served texts of the bench runs in LEVERS_SERVED_FROM, e.g.
-#               benchmarks/results/h200_quickstart_run19; LEVERS_EXTRA: more flags, e.g. --tree none)
+#               benchmarks/results/2026-12-02-quickstart-run19; LEVERS_EXTRA: more flags, e.g. --tree none)
 #   chain_bench plain and the chain of 5 on all held-out chitchat/HumanEval prompts and all of MT-bench
 #               (CHAIN_BENCH_SETS), on the quickstart's draft (or SWEEP_DRAFT)
 #   confidence  benchmarks/acceptance_by_confidence.py on the quickstart's draft (or SWEEP_DRAFT): step-0

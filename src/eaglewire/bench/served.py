@@ -21,8 +21,8 @@ text the verification of any tree is known in advance, so a tree's prediction de
 text with the engine's own drafter over `bench.text_replay.TextRunner` (the text's verdicts and the
 target's teacher-forced aux states): the dynamic tree itself, no static approximation. In float32
 it equals the engine's rounds too (the CPU test below); on the H200's MT-bench text it came within
-1-2% where the static tree of `prediction.tree_for_spec` was 6-8% low (BENCHMARKS.md 2p). The
-held-out prediction decodes trees the same way over the held-out answers (`bench.heldout_trees`).
+1-2% where the static tree of `prediction.tree_for_spec` was 6-8% low (docs/history/benchmarks-log.md
+§2p). The held-out prediction decodes trees the same way over the held-out answers (`bench.heldout_trees`).
 
 The cut at the end of the text (`rounds_within_text`, the rule of the replay test): the engine's last
 round may verify drafts past max_new_tokens (or past eos); the record has no labels there, so the

@@ -16,7 +16,7 @@
    figure, vLLM's 1 + accepted/drafts and SGLang's spec_accept_length, is shown beside it) and per-position
    acceptance. The prediction's error: in float32 on a CPU the replay is exact (every prompt's verifications
    equal, `tests/unit/bench/test_text_replay.py`); otherwise (bf16 on a GPU, another engine's kernels) the
-   bench measured 0.5-2% (BENCHMARKS.md 2p), so served matches predicted when
+   bench measured 0.5-2% (docs/history/benchmarks-log.md §2p), so served matches predicted when
    |served - predicted| <= max(REL_TOL * predicted, ABS_TOL). (A server may count drafts of a text's last
    round accepted past max_tokens, which the replay cannot see: per-position acceptance only, not tau.)
 4. Served short of that: replay every candidate miswiring (`doctor.miswirings`) and name the one whose

@@ -66,7 +66,7 @@ def plan(gguf_bytes: int, tree: int, wheels: int) -> list[int]:
 def main() -> int:
     repo = Path(__file__).resolve().parents[2]
     gguf = locate_reference_gguf()
-    verify_gguf(gguf)  # size and sha256 (DESIGN.md)
+    verify_gguf(gguf)  # size and sha256 (eaglewire.target.reference.SMOLLM2)
     data = gguf.read_bytes()
     tree, wheels = tree_bytes(repo), folder_bytes(repo / ".whl")
     sizes = plan(len(data), tree, wheels)

@@ -2,7 +2,7 @@
 through a CUDA graph: a 160-node tree's forwards are graphed (a key with N=160 is captured and no
 "runs without CUDA graphs" warning is logged), and greedy output still equals plain greedy output.
 Before the decoder reserved its width, a 256-node tree ran eagerly on the H200 at 145 tok/s
-against 1,272 for 128 nodes (BENCHMARKS.md 2p).
+against 1,272 for 128 nodes (docs/history/benchmarks-log.md §2p).
 
 Runs only where CUDA is present (the device machine): `pytest tests/gpu`."""
 

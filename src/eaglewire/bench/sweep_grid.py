@@ -19,8 +19,8 @@ from eaglewire.errors import ConfigError
 
 # The default grid (chains of 3, 5 and 8, trees of top-4/8/12 up to 128 nodes; invalid shapes
 # skipped). On the H200 the reference target's fastest trees were 8 steps of top-8 to top-12 with
-# 64-128 nodes (BENCHMARKS.md 2f, 2h, 2q, 2r), which the older 1-7 steps x 4-32 nodes grid (59
-# settings) never reached; 16-64 nodes at 3-5 steps cover what SGLang runs for 8B targets.
+# 64-128 nodes (docs/history/benchmarks-log.md §2f, §2h, §2q, §2r), which a 1-7 steps x 4-32 nodes
+# grid (59 settings) never reaches; 16-64 nodes at 3-5 steps cover what SGLang runs for 8B targets.
 DEFAULT_NUM_STEPS = (3, 5, 8)
 DEFAULT_TOPK = (1, 4, 8, 12)
 DEFAULT_NUM_DRAFT_TOKENS = (16, 32, 64, 128)

@@ -270,9 +270,9 @@ def capture_dataset(
     # The calling thread only launches: a handoff thread waits for each window's copies (without
     # the GIL) and queues its shards' writes the moment they have arrived. Handed over by the
     # calling thread instead, after launching the next window, a window's shards waited a window's
-    # forwards in memory first, and the last two windows' writes were all left for the end (H200
-    # run 11: 0.26 s waiting for writers and 0.20 s of drain; with the handoff no wait is left,
-    # BENCHMARKS.md section 3).
+    # forwards in memory first, and the last two windows' writes were all left for the end (on an
+    # H200 0.26 s waiting for writers and 0.20 s of drain; with the handoff no wait is left,
+    # docs/history/benchmarks-log.md §3).
     handed: deque[tuple[list[tuple[int, int, int]], Future[list[Future[ShardInfo]]]]] = deque()
     copy_waits: list[float] = []  # per window, on the handoff thread
 

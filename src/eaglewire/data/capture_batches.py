@@ -32,8 +32,8 @@ class ForwardPacer:
     Why: a torch kernel launch holds the GIL, and once CUDA's launch queue is full (on the order of
     a thousand kernels, about one forward of a 30-layer target) the launch blocks inside the driver
     still holding it, while the shard-writer threads need the GIL between the buffers they hash and
-    write. `torch.cuda.Event.synchronize` waits without the GIL. Measured on the H200 (run 10,
-    BENCHMARKS.md section 3): 1M tokens end to end at 0.56-0.57 of the prefill paced, 0.52 not."""
+    write. `torch.cuda.Event.synchronize` waits without the GIL. Measured on an H200
+    (docs/history/benchmarks-log.md §3): 1M tokens end to end at 0.56-0.57 of the prefill paced, 0.52 not."""
 
     def __init__(self, depth: int) -> None:
         if depth < 0:

@@ -10,12 +10,12 @@ zero-copy `uint8` view, any dtype including bfloat16) into an incremental sha256
 
 Each call that releases the GIL must take it back, and while a capture runs, the thread launching
 the target's kernels holds it almost all the time, so each handoff can cost that thread a wait
-(H200 run 10: its forwards took 2.4-2.6 s with the writers beside them, 2.14 s without). So a
+(on an H200 its forwards took 2.4-2.6 s with the writers beside them, 2.14 s without). So a
 part is hashed in one call, not in chunks, and all parts of all tensors go to the file in one
 `os.writev` (up to IOV_MAX buffers): with capture's packed shards (one part per tensor) a shard
 is about six hash calls and one write. (Writing the file on a helper thread beside the hash was
-measured on the H200 after run 11, together with capture's handoff thread: the last writes took
-0.23-0.34 s against 0.20 s before, and the two changes were not separated; the simpler order stays.)
+measured on an H200 together with capture's handoff thread: the last writes took 0.23-0.34 s
+against 0.20 s without, and the two changes were not separated; the simpler order stays.)
 
 The file is plain safetensors (8-byte little-endian header length, a JSON header padded with
 spaces so the data starts 8-byte aligned, then the tensors' little-endian bytes back to back in

@@ -3,7 +3,7 @@
 Each draft step needs, for R frontier rows of Vd logits, the k best draft ids and their
 log-probabilities. Written with torch ops that is a chunked `topk` (gatherTopK + a bitonic sort
 per call), a second `topk`, and a logsumexp of two or three reductions: on an H200 about 40 us
-per step, 39% of an 8-step top-8 round's kernel time (benchmarks/round_kernels.py, 2026-12-02).
+per step, 39% of an 8-step top-8 round's kernel time (benchmarks/round_kernels.py).
 Here:
 
     _chunk_top_k   grid (R, C): each program takes one BLOCK-wide chunk of a row, writes the

@@ -4,7 +4,7 @@ On Hopper GPUs PyTorch may pick cuDNN's fused attention. cuDNN builds an executi
 new input shape on the host and caches it: free where shapes repeat (decoding, replayed from CUDA
 graphs) but ruinous where nearly every call brings a new shape: training batches are packed to
 their own length, prefills and captures run each prompt's length. On an H200 (benchmarks/
-train_profile.py, 2026-11-29) one 16 x 1024-token training step spent 177 ms of host time in cuDNN
+train_profile.py) one 16 x 1024-token training step spent 177 ms of host time in cuDNN
 attention forwards (and a 32-row step 585 ms in 7 backwards) against 107 ms of GPU kernels for
 the whole step; the GPU sat idle. Flash and memory-efficient attention have no such plans.
 """

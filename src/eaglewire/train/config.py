@@ -43,8 +43,8 @@ class TrainConfig:
         "w in 0..1: the label is (1 - w) * the target's distribution + w * a one-hot on its argmax "
         "token. 0 = EAGLE-3's soft labels; greedy serving accepts exactly the argmax, and w = 1 trains "
         "the draft's probabilities to be the chance that a token is that argmax. Measured on the H200 "
-        "(BENCHMARKS.md 2j): w = 1 left greedy chains where they were and shortened trees, whose "
-        "other branches draft the target's second choices",
+        "(docs/history/benchmarks-log.md §2j): w = 1 left greedy chains where they were and shortened "
+        "trees, whose other branches draft the target's second choices",
         default=0.0,
     )
     align_topk: int = help_field(

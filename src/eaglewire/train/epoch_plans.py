@@ -5,8 +5,8 @@ An epoch's plan is `plan_rows` over that epoch's record order, cut into groups o
 world_size * grad_accum_steps * batch_size rows (one group per optimizer step). Epochs are planned
 when the loop first reaches them, not all before step 1: a time-bounded run with epochs=10_000 (the
 clock ends it long before) would otherwise order and pack every record 10,000 times first (0.16 s
-an epoch for 25,867 records: 27 minutes, which is how an H200 lever screen spent its 900 s on
-2026-12-03 without training a step).
+an epoch for 25,867 records: 27 minutes, enough for a 900 s training budget to end before its
+first step; docs/history/benchmarks-log.md §2x).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def check_resumed_plan(
     saved: str | None, plans: Sequence[Groups], epoch: int, group: int, where: Path
 ) -> None:
     """Refuse resuming checkpoint `where` at (epoch, group) when that epoch's plan is not the one it
-    saved (`saved`: its epoch_plan_sha256; None in checkpoints before 2026-12-01, which kept none)."""
+    saved (`saved`: its epoch_plan_sha256; None in checkpoints from versions that kept none)."""
     now = epoch_plan_sha256(plans, epoch)
     if saved is not None and now is not None and now != saved:
         raise TrainingError(

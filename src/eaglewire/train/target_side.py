@@ -206,7 +206,7 @@ class TargetHead(nn.Module):
     float32 (the default) is exact and what CPUs want. On a GPU, training passes the dtype the target
     ran in (the data contract's): then the labels come from the same bf16 matmul the live target
     computes online, on tensor cores, where float32 runs as plain FMA (H200: 18 of a 126 ms offline
-    step for 16k tokens x V = 49152; BENCHMARKS.md 2n)."""
+    step for 16k tokens x V = 49152; docs/history/benchmarks-log.md §2n)."""
 
     def __init__(
         self, lm_head_weight: torch.Tensor, norm: nn.Module | None, *, dtype: torch.dtype = torch.float32

@@ -10,7 +10,7 @@ query block reads all T prefix keys, although packed rows hold records of ~250 t
 sees only its own record's earlier rows. FlexAttention skips the 128x128 blocks its block mask
 marks empty: the prefix costs about one record's length per row instead of T, and each chain
 step one diagonal block. On the H200 the blocked form's attention was 43 of a 140 ms step's
-kernel time (BENCHMARKS.md 2n).
+kernel time (docs/history/benchmarks-log.md §2n).
 
 Shapes stay static so that one compiled kernel (forward and backward) serves every step and
 batch: rows are padded to a multiple of `BLOCK` and the keys always hold S step blocks, those of

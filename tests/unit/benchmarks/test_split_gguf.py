@@ -14,7 +14,7 @@ split_gguf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(split_gguf)
 
 MiB = 2**20
-GGUF = 98_362_432  # the reference GGUF (DESIGN.md)
+GGUF = 98_362_432  # the reference GGUF's size (eaglewire.target.reference.SMOLLM2)
 
 
 @pytest.mark.parametrize(

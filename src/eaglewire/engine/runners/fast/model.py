@@ -68,8 +68,8 @@ class KernelChoices:
         return dataclasses.replace(self, attention="sdpa")
 
 
-# Measured on an H200 (SmolLM2 shape, benchmarks/round_kernels.py, BENCHMARKS.md 2r): the Triton
-# kernel takes a decode step from 1.21 to 1.11 ms (a 256-row batched step from 2.51 to 2.21 ms);
+# Measured on an H200 (SmolLM2 shape, benchmarks/round_kernels.py, docs/history/benchmarks-log.md §2r):
+# the Triton kernel takes a decode step from 1.21 to 1.11 ms (a 256-row batched step from 2.51 to 2.21 ms);
 # for a 128-node tree (384 rows a KV head) it lost to cuDNN (1.51 against 1.47 ms), at 18 rows they
 # tie. So the Triton choice should serve decode-sized forwards only: this many rows a KV head.
 TRITON_ATTENTION_MAX_ROWS = 16

@@ -188,7 +188,8 @@ class FastTargetRunner:
         """A decoder verifies trees of `num_new_tokens` nodes: run forwards that wide through CUDA
         graphs and the compiled code too. A tree's width is fixed per setting (one graph per
         attended window), unlike a chunked prefill's, so it is worth a graph. Without this a
-        256-node tree ran eagerly: 145 tok/s against 1,272 for 128 nodes (BENCHMARKS.md 2p)."""
+        256-node tree ran eagerly: 145 tok/s against 1,272 for 128 nodes (docs/history/benchmarks-log.md
+        §2p)."""
         self.graph_max_new_tokens = max(self.graph_max_new_tokens, int(num_new_tokens))
 
     @torch.no_grad()

@@ -155,8 +155,14 @@ def load_mt_bench() -> PromptSet:
 
 
 def load_user_eval() -> PromptSet:
-    """The instructions of bench/data/user_eval.jsonl (evaluation only: never trained or tuned on)."""
-    return PromptSet("user-eval", tuple(_package_prompts(USER_EVAL_FILE)))
+    """The instructions of bench/data/user_eval.jsonl (evaluation only: never trained or tuned on),
+    interleaved by category (the first of each category, then the second of each, ...), so that a run
+    on the first N prompts covers as many kinds of request as it can; the whole set is the same."""
+    rows = _package_prompts(USER_EVAL_FILE)
+    categories = list(dict.fromkeys(p.category for p in rows))  # in file order
+    rank = {id(p): sum(q.category == p.category for q in rows[:i]) for i, p in enumerate(rows)}
+    ordered = sorted(rows, key=lambda p: (rank[id(p)], categories.index(p.category)))
+    return PromptSet("user-eval", tuple(ordered))
 
 
 def load_builtin_prompts(name: str) -> PromptSet:

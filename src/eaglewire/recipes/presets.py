@@ -247,8 +247,8 @@ PRESETS: dict[str, QuickstartPreset] = {
         decode=DecodePlan(
             prompts=3,
             max_new_tokens=48,
-            # not user-eval: a set of 3 x 48 tokens costs this decode stage ~47 s on 2 cores (humaneval-eval's share)
-            prompt_sets=("chitchat-eval", "humaneval-eval"),
+            # user-eval first (its first 3: writing, roleplay, reasoning): the user-like row; ~47 s on 2 cores
+            prompt_sets=("user-eval", "chitchat-eval", "humaneval-eval"),
             chain_steps=5,
             tree_num_steps=4,
             tree_topk=2,

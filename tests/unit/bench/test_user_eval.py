@@ -122,3 +122,11 @@ def test_nothing_trains_on_user_eval(tmp_path: Path) -> None:
     assert isinstance(as_file, DataFormatError) and "held-out evaluation split" in str(as_file)
     as_eval = build(str(answered), "--split", "eval")
     assert as_eval.exit_code == 0, as_eval.output
+
+
+def test_the_first_prompts_cover_every_category() -> None:
+    """A run on the first N prompts (the cpu preset's 3) spans as many kinds of request as it can."""
+    whole = load_prompt_set("user-eval").prompts
+    first = load_prompt_set("user-eval", 8).prompts
+    assert len({p.category for p in first}) == 8
+    assert sorted(p.prompt_id for p in whole) == sorted(row["id"] for row in _rows())

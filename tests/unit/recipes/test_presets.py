@@ -161,7 +161,7 @@ def test_decode_runs_take_the_user_like_sets_first_then_the_in_distribution_ones
     # a baseline set that is not decoded whole keeps one run; hf_baseline_prompts=0 means prompts
     cpu_hf = decode_runs(get_preset("cpu", {"decode.hf_baseline_sets": ("humaneval-eval",)}).decode)
     assert cpu_hf[-1] == DecodeRun("humaneval-eval", "humaneval-eval", PRESETS["cpu"].decode.prompts, True)
-    assert [r.name for r in cpu_hf] == ["chitchat-eval", "humaneval-eval"]
+    assert [r.name for r in cpu_hf] == ["user-eval", "chitchat-eval", "humaneval-eval"]  # user-like first
     assert [r.name for r in decode_runs(PRESETS["cpu"].decode)] == list(PRESETS["cpu"].decode.prompt_sets)
 
 

@@ -4,6 +4,8 @@ A preset nests one sub-config per stage: `data` (DataPlan), `train` (the TrainCo
 runs, as is) and `decode` (DecodePlan); the target's dtype and device and the draft's MLP width sit on
 the preset itself. `cpu` must finish within 15 minutes on a 2-core machine (setup included) and still
 show tau > 1.5; `gpu` is the full recipe (goal: tau >= 3.5 with a chain of 5 on one H200 in <= 20 minutes).
+Comments give each setting's reason; `log §2t` names a section of docs/history/benchmarks-log.md,
+where the measurements behind it are.
 """
 
 from __future__ import annotations
@@ -52,20 +54,19 @@ class DataPlan:
         "engine's default, eaglewire.engine.plain.DEFAULT_MAX_BATCH): more rows, more tokens a decoding "
         "step, on a GPU for little more time a step; with regen_continuous, keep regen_batch_size a few "
         "times larger, or finished rows have no prompt to take next",
-        # 1,024 rows in H200 run 22 (BENCHMARKS.md 2v): Magpie rounds at ~110k tok/s, but regeneration's
-        # batches of 1,024 filled the rows once (64.3k tok/s against 57.8k at 256 rows)
+        # 0: 1,024 rows ran Magpie at ~110k tok/s, but regeneration only 64.3k against 57.8k at 256 (log §2v)
         default=0,
     )
     magpie_opened_fraction: float = help_field(
         "share of the Magpie prompts started with an instruction opening (eaglewire.data.magpie."
         "MAGPIE_OPENINGS: 'Write', 'Solve', 'Act as', ...); 0 = every prompt as the target asks it",
-        default=0.0,  # the gpu preset opens half (H200 run 11); off elsewhere
+        default=0.0,  # the gpu preset opens half (log §2k); off elsewhere
     )
     train_from_shards: bool = help_field(
         "capture the target's hidden states to shards once (data stage) and train from them (offline); "
         "else the target runs inside every training step (online)",
-        # online on the GPU until measured: `benchmarks/train_profile.py --data online,offline` times both
-        # (run 9's profile: the target's side 51 of a 158 ms step; BENCHMARKS.md 2l)
+        # online on the GPU until measured end to end (the target's side: 51 of a 158 ms step, log §2l);
+        # `benchmarks/train_profile.py --data online,offline` times both
         default=False,
     )
     capture_max_batch_tokens: int = help_field(
@@ -234,10 +235,7 @@ PRESETS: dict[str, QuickstartPreset] = {
         ),
         train=replace(
             QUICKSTART_TRAIN,
-            # 2 unrolled steps and 5 epochs, not 3 and 4: the same training time (133 against 136 s), and
-            # chain tau 1.82 / 1.69 on chitchat / HumanEval against 1.72 / 1.59, trees 2.05 / 1.82 against
-            # 2.05 / 1.79, held-out step-0 accuracy 0.46 against 0.42 (BENCHMARKS.md section 4, 2026-12-03;
-            # the H200's lever of 2z). Earlier at 3 steps: 2 epochs 1.56 / 1.38, 4 epochs 1.82 / 1.60.
+            # 2 unrolled steps and 5 epochs, not 3 and 4: the same training time, chain tau +0.10 (log §4)
             ttt_steps=2,
             epochs=5,
             learning_rate=1e-3,
@@ -262,108 +260,61 @@ PRESETS: dict[str, QuickstartPreset] = {
         device="cuda",
         target_dtype="bfloat16",
         data=DataPlan(
-            # On 2026-11-29 4,000 chitchat conversations (699k answer tokens) ran out after 8 epochs in
-            # 286 s with the draft starting to overfit, and MT-bench (instructions, out of that domain)
-            # reached tau 1.4. Now: the whole chitchat train split with 3 user turns, and Magpie prompts
-            # (instructions in the target's own distribution); the time budgets, not epochs, decide.
-            # 10,000 Magpie prompts made 3.5M loss tokens in all, which a faster trainer would see ~15
-            # times in the training budget: 20,000 (sampled at ~55k tok/s, ~1 minute) add ~3M more.
-            # 60,000 (H200 run 22, BENCHMARKS.md 2v: 11.7M loss tokens) left the chains where they were (all
-            # held-out chitchat / HumanEval / MT-bench 3.39 / 3.26 / 2.58 against 3.56 / 3.25 / 2.54): the
-            # draft fits fresh Magpie text no better (step-0 0.714 against 0.704), and the data stage took 199 s more.
+            # all of chitchat plus Magpie prompts (instructions in the target's own distribution): chitchat
+            # alone overfit; 60,000 Magpie prompts left the chains where they were (log §2v)
             chitchat_conversations=7168,
             humaneval_problems=131,
             magpie_prompts=20000,
-            # First answers only, half the Magpie prompts opened as instructions ("Write", "Solve", ...):
-            # the benchmark serves first turns of requests, and later answers repeat their conversation
-            # (BENCHMARKS.md 2i). H200 run 11 against 3 turns and plain Magpie (run 9), tau chain / tree:
-            # HumanEval 2.50 / 4.76 -> 2.61 / 4.96, all 80 MT-bench 2.13 / 3.36 -> 2.21 / 3.51, chitchat
-            # 2.77 / 5.10 -> 2.74 / 5.03; the data stage 58 s shorter. Both changed at once (BENCHMARKS.md 2k).
+            # first answers only, half the Magpie prompts opened as instructions ("Write", "Solve", ...): the
+            # benchmark serves first turns of requests; later answers repeat their conversation (log §2i, §2k)
             user_turns=1,
             magpie_opened_fraction=0.5,
             regenerate=True,
-            regen_max_seconds=180.0,  # a cap: all of them took ~137 s (2026-12-01)
+            regen_max_seconds=180.0,  # a cap: all of them took ~137 s (log §2d)
             regen_max_new_tokens=256,
             regen_temperature=0.0,
-            # conversations answered together; generation runs them 256 rows at a time. Batches of 256
-            # left only ~45 prompts for each later user turn (10k tok/s overall); with 1,024, continuous
-            # batching and no cuDNN plan per prefill shape: 33.6k tok/s (2026-11-29)
+            # conversations answered together, 256 rows at a time: batches of 256 left later turns ~45
+            # prompts each (log §2, §2c)
             regen_batch_size=1024,
-            # H200, 2026-11-29 (benchmarks/loop_profile.py, 1,024 chitchat prompts, 256 rows): 46.6k tok/s
-            # continuous against 30.6k batch by batch
+            # 46.6k tok/s continuous against 30.6k batch by batch (benchmarks/loop_profile.py, log §2c)
             regen_continuous=True,
             eval_conversations=64,
             draft_vocab_size=16384,
         ),
         train=replace(
             QUICKSTART_TRAIN,
-            # regenerate -> train -> eval must fit 20 minutes on one H200. Measured (BENCHMARKS.md 2d,
-            # these data settings): 20,000 Magpie prompts in ~35 s, all 25,873 training conversations
-            # regenerated in ~137 s (39k tok/s), the data stage 202 s with regeneration cut at 120 s, so
-            # ~220 s uncut; training at 76k tokens/s, and tau still rising with its tokens (31.6M in 420 s:
-            # held-out step-0 accuracy 0.81). So training gets the rest: ~220-260 s + 840 s + ~5 s = ~18 min.
-            # Leases trained 540 s (runs 8-11), 720 s (run 12: 59M tokens, tau +3-9% on every set but
-            # the chitchat tree; BENCHMARKS.md 2l) and 840 s (run 13: 70.5M tokens, held-out accuracy
-            # 0.82 ... 0.76, chains +1-6%, trees +2% but chitchat's -2%, recipe 16.6 min; 2m).
+            # regenerate -> train -> eval must fit 20 minutes on one H200: data ~220-260 s, training the rest,
+            # tau still rising with its tokens at 840 s (log §2d, §2l, §2m)
             # `quickstart --regen-max-seconds / --train-max-seconds` override them.
             max_seconds=840.0,
-            # 4, not EAGLE-3's 7: a training step costs about one draft pass per unrolled step, so at equal
-            # time 4 steps train 1.6x the optimizer steps. H200 lever screen, 200 s each (BENCHMARKS.md 2z),
-            # chain-5 tau on run 22's served chitchat / HumanEval / MT-bench: 7 steps 2.95 / 2.46 / 2.08,
-            # 5 steps 3.12 / 2.71 / 2.23, 4 steps 3.20 / 2.79 / 2.32; the 8x12x128 tree 5.12 / 4.11 / 3.27 ->
-            # 5.35 / 4.59 / 3.62, although positions 4-7 are never trained (their accuracy falls faster).
-            # Over the whole 840 s (H200 run 28, 2zb): 6,765 optimizer steps (7 steps: 4,727), served chains on
-            # all held-out chitchat / HumanEval / MT-bench 3.70 / 3.31 / 2.54 (7 steps: 3.56 / 3.25 / 2.54), and
-            # the 8x12x128 tree on all 80 MT-bench 4.34 (the best measured; run 19's draft 3.96).
+            # 4, not EAGLE-3's 7: equal time trains 1.6x the optimizer steps, served tau rises (log §2z, §2zb)
             ttt_steps=4,
-            # a bound the clock reaches first: 840 s at 4 steps took 6,765 optimizer steps (2zb), past 18 epochs
-            # of 372
+            # a bound the clock reaches first: 840 s took 6,765 optimizer steps, ~18 epochs (log §2zb)
             epochs=30,
-            # 2e-3, not the 5e-4 of runs 1-19: the lever screen of H200 run 20 (BENCHMARKS.md 2t; fresh drafts
-            # of 1,000 steps on the same data) predicted chain-5 tau 2.37 / 2.67 / 2.92 on held-out answers at
-            # 5e-4 / 1e-3 / 2e-3, and on run 19's served text chitchat 2.22 / 2.37 / 2.48, HumanEval 1.90 /
-            # 2.27 / 2.44, MT-bench (80) 1.68 / 1.90 / 2.08: the largest lever screened (token alignment, the
-            # top boundary at L, trained embeddings: -0.07 to +0.05). Over the whole budget (H200 run 21, 2u):
-            # held-out step-0 accuracy 0.829 -> 0.845, served chains +0.25 / +0.28 / +0.18 (chitchat / HumanEval
-            # first 8, all 80 MT-bench), the gain smaller than at 1,000 steps.
+            # 2e-3: 5e-4 and 1e-3 served lower, 4e-3 lost 0.09-0.14 on every set (log §2t, §2u, §2y)
             learning_rate=2e-3,
             max_length=1024,
-            # 16 rows, not 8: at 200 s 8-row batches ran 1.9x the steps and scored +0.01 to +0.08 (BENCHMARKS.md
-            # 2za), but over the whole 840 s they trained 19% fewer tokens (107.6k against 131.2k tok/s) and lost on
-            # every set: served chains 3.54 / 3.12 / 2.51 against 3.70 / 3.31 / 2.54, the MT-bench tree 4.17 against
-            # 4.34 (H200 run 29, 2zc)
+            # 16 rows, not 8: 8-row batches trained 19% fewer tokens in 840 s and lost on every set (log §2zc)
             batch_size=16,
-            # compile off: 0.91x eager's tokens/s on the H200 at 7 unrolled steps (BENCHMARKS.md 2i).
-            # ttt_attention blocked: on the H200 at 4 unrolled steps, flex trained 1,467 steps in 200 s against
-            # blocked's 1,638 and scored lower on every set (BENCHMARKS.md 2za).
-            # hard_label_weight 0: H200 run 10 (BENCHMARKS.md 2j), 1 against run 9's 0: chains the same (+-0.06),
-            # trees lower (HumanEval 4.76 -> 4.34, MT-bench 3.36 -> 3.19): a one-hot drops the target's other choices.
-            # source_repeats none: not yet measured: run 22 (BENCHMARKS.md 2v) lost 0.17 of chitchat's chain tau when
-            # its share of the data fell from 28% to 11% of the conversations.
+            # compile off: 0.91x eager's tokens/s at 7 unrolled steps (log §2i).
+            # ttt_attention blocked: flex trained 10% fewer steps and scored lower on every set (log §2za).
+            # hard_label_weight 0: 1 kept the chains but shortened trees, a one-hot drops the target's other
+            # choices (log §2j).
+            # source_repeats none: chitchat x2 + HumanEval x4 gained in the noise, lost on MT-bench (log §2y).
         ),
-        # 4,608 (8x the hidden size), not the target's 1,536: at 200 s a 3x MLP cost 1.4% of the optimizer
-        # steps and lifted the served chains +0.07 / +0.14 / +0.01 (BENCHMARKS.md 2zd; 2x heads or a 6x MLP
-        # less). Over the whole 840 s (H200 run 31, 2ze) chain tau on all held-out chitchat / HumanEval /
-        # MT-bench 3.73 / 3.45 / 2.58, the 97 held-out pooled 3.59 (run 28 at 1,536: 3.70 / 3.31 / 2.54,
-        # pooled 3.50); a chain round costs 1-5% more against plain's forward, so the speed-ups over plain stay
-        # within 2% of run 28's. SGLang and vLLM read the width from the export's config.json.
+        # 4,608 (3x the target's 1,536): served chains +0.03 to +0.14, a round 1-5% dearer (log §2zd, §2ze);
+        # SGLang and vLLM read the width from the export's config.json
         draft_intermediate_size=4608,
         decode=DecodePlan(
-            # The held-out prompts whose answers the eval stage replays (eval_conversations: chitchat's first
-            # 64, HumanEval's 33), not their first 8: run 21's draft served chitchat's first 8 at chain tau 3.13
-            # and all 64 at 3.56, HumanEval's 8 at 3.21 and all 33 at 3.25 (BENCHMARKS.md 2u); ~+30 s.
+            # all held-out prompts the eval replays, not the first 8 (chitchat's: 0.43 low, log §2u); ~+30 s
             prompts=64,
             max_new_tokens=128,
             # user-like sets first (the headline; issue 47), then the in-distribution held-out ones
             prompt_sets=("mt-bench", "user-eval", "chitchat-eval", "humaneval-eval"),
             chain_steps=5,
-            # 8 steps of top-8: the fastest shape of the H200 sweep (BENCHMARKS.md 2f, 8 chitchat prompts:
-            # 8x8x64 at 1,196 tok/s and tau 4.34, against 3.09 for the 6x4x16 tree earlier runs used).
-            # 128 nodes rather than 64: the 127 best-scoring candidates include the 63 best, so tau can
-            # only rise, and on the H200 the 128-node verify costs no more (BENCHMARKS.md 2h, all 80
-            # MT-bench questions: tau 3.37 at 1,208 tok/s against 3.24 at 1,202). Top-12 rather than
-            # top-8: on all 80 MT-bench questions tau 4.05 against 3.87 (run 16's draft, 2q), at a round
-            # 4.5% dearer since the fused top-k (2.41 against 2.31 ms, 2r), so about as fast
+            # 8 steps of top-8 or more: the fastest shape of the H200 sweep (log §2f); 128 nodes: the 127
+            # best candidates include the 63 best, so tau only rises, and the verify costs no more (log §2h);
+            # top-12: tau 4.05 against top-8's 3.87 on all 80 MT-bench, a 4.5% dearer round (log §2q, §2r)
             tree_num_steps=8,
             tree_topk=12,
             tree_num_draft_tokens=128,

@@ -44,7 +44,7 @@ def at_decode_horizon(run: QuickstartRun, result: EvalResult) -> EvalResult:
 def as_benchmark(run: QuickstartRun, result: EvalResult) -> EvalResult:
     """`result` replaying what the decode stage serves: each held-out record's first answer (a
     benchmark prompt is a first user turn) up to decode.max_new_tokens. Later answers draft more
-    easily (H200 run 6, chain of 5: first answers 2.68, second 3.78, third 4.45; 2.65 measured)."""
+    easily (chain of 5: first answers 2.68, third 4.45; log §2f)."""
     from eaglewire.predict.evaluation import FIRST_ANSWER
 
     return replace(at_decode_horizon(run, result), answer=FIRST_ANSWER)

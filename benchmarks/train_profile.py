@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpu = PRESETS["gpu"]  # the defaults time what the gpu quickstart trains
     ap.add_argument("--vd", type=int, default=gpu.data.draft_vocab_size)
     ap.add_argument("--max-length", type=int, default=gpu.train.max_length)
-    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[gpu.train.batch_size])
+    ap.add_argument(
+        "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[gpu.train.batch_size]
+    )
     ap.add_argument(
         "--compile",
         type=lambda s: [x.strip() == "on" for x in s.split(",")],

@@ -42,7 +42,9 @@ class PromptRun:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # the last timed run's
     accepted_per_round: list[int] = field(default_factory=list)  # the last timed run's (speculative only)
     emitted_per_round: list[int] = field(default_factory=list)  # its tokens per round, the last past the stop
-    accepted_paths: list[list[int]] = field(default_factory=list)  # its tree nodes accepted per round, root first
+    accepted_paths: list[list[int]] = field(
+        default_factory=list
+    )  # its tree nodes accepted per round, root first
     category: str = ""  # the prompt's category (MT-bench's writing, math, ...), "" when it has none
 
     @property

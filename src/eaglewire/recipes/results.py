@@ -350,7 +350,8 @@ class QuickstartSummary:
     served_predicted_tau_chain: dict[str, float | None] = field(default_factory=dict)  # per prompt set
     decode: DecodeStageResult | None = None  # user-like sets first (mt-bench, user-eval: the headline)
     doctor_ok: bool | None = None
-    prompt_set_kind: dict[str, str] = field(default_factory=dict)  # decode run -> user-like | in-distribution ...
+    # decode run -> "user-like" | "in-distribution held-out" (`bench.prompts.prompt_set_kind`)
+    prompt_set_kind: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         if self.stopped_after is not None:

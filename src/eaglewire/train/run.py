@@ -192,4 +192,3 @@ def run_training(
         progress=progress and ctx.is_main,
         ctx=ctx,
     )
-

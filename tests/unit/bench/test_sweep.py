@@ -165,7 +165,9 @@ def test_the_default_grid_holds_the_presets_settings_and_the_cli_uses_it():
     valid, _ = sweep_settings(cfg.num_steps, cfg.topk, cfg.num_draft_tokens)
     gpu = PRESETS["gpu"]
     assert SpecArgs.chain(gpu.decode.chain_steps) in valid
-    assert SpecArgs(gpu.decode.tree_num_steps, gpu.decode.tree_topk, gpu.decode.tree_num_draft_tokens) in valid
+    assert (
+        SpecArgs(gpu.decode.tree_num_steps, gpu.decode.tree_topk, gpu.decode.tree_num_draft_tokens) in valid
+    )
     params = inspect.signature(bench).parameters
     for name, values in (("sweep_num_steps", cfg.num_steps), ("sweep_topk", cfg.topk),
                          ("sweep_num_draft_tokens", cfg.num_draft_tokens)):  # fmt: skip

@@ -21,7 +21,7 @@ text the verification of any tree is known in advance, so a tree's prediction de
 text with the engine's own drafter over `predict.text_replay.TextRunner` (the text's verdicts and the
 target's teacher-forced aux states): the dynamic tree itself, no static approximation. In float32
 it equals the engine's rounds too (the CPU test below); on the H200's MT-bench text it came within
-1-2% where the static tree of `predictor.tree_for_spec` was 6-8% low (BENCHMARKS.md 2p). The
+1-2% where the static tree of `predictor.tree_for_spec` was 6-8% low (log §2p). The
 held-out prediction decodes trees the same way over the held-out answers (`predict.heldout_trees`).
 
 The cut at the end of the text (`rounds_within_text`, the rule of the replay test): the engine's last

@@ -10,7 +10,7 @@ the draft's scores every round) with no target forward per round. Off-text nodes
 accepted, so their logits and aux are never read: they are zeros.
 
 The static tree of `predictor.tree_for_spec` was 5-7% below the H200's measured trees on MT-bench;
-this replays every round the engine runs and came within 1-2% (BENCHMARKS.md 2p). In float32 a CPU
+this replays every round the engine runs and came within 1-2% (log §2p). In float32 a CPU
 test finds the engine's own rounds exactly (`tests/unit/predict/test_text_replay.py`). What remains
 is numerics (the aux here come from one teacher-forced forward, the engine's from its verification
 forwards, bf16 on a GPU) and the last round of a text that ends where decoding stopped.

@@ -24,13 +24,13 @@ from eaglewire.data.relabel import check_data_request, relabel_data, requested_f
 from eaglewire.data.shards import ShardDataset, ShardWriter
 from eaglewire.data.types import ShardContent
 from eaglewire.doctor.data_check import check_data_against_target, relabel_data_command
-from eaglewire.doctor.run import relabel_draft_command
+from eaglewire.doctor.wiring_verdict import relabel_draft_command
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import load_draft, save_draft
 from eaglewire.draft.relabel import relabel_draft
 from eaglewire.errors import BoundaryError, CheckpointError, ConfigError, ContractMismatchError
 from eaglewire.export.exporting import export_draft
-from eaglewire.outputs import OutputKind, verify_files, write_marker
+from eaglewire.output_marker import OutputKind, verify_files, write_marker
 from eaglewire.target.identity import build_contract
 from tests.helpers.tiny import make_tiny_target
 from tests.unit.doctor.pipeline import labelled, make_records, tiny

@@ -143,7 +143,8 @@ def train_command(
     from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig  # no torch: flags are checked first
 
     given = locals()
-    from eaglewire.outputs import OutputKind, check_resumable_dir
+    from eaglewire.output_marker import OutputKind
+    from eaglewire.outputs import check_resumable_dir
 
     check_resumable_dir(out, OutputKind.TRAIN_RUN)  # a directory of anything else is refused before any work
     if resume and (out / TRAIN_CONFIG_FILE).exists():

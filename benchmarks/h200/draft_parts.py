@@ -43,7 +43,7 @@ from safetensors.torch import save_file
 
 from eaglewire.errors import CheckpointError, EaglewireError, TargetFilesError
 from eaglewire.io_utils import atomic_path, atomic_write_text, sha256_file
-from eaglewire.outputs import MARKER_FILE, OutputKind, write_marker
+from eaglewire.output_marker import MARKER_FILE, OutputKind, write_marker
 
 log = logging.getLogger("draft_parts")
 

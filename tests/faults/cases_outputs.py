@@ -31,7 +31,7 @@ def _no_stale_export_file(ws: Path) -> None:
 
 def _vocab_beside_dataset(ws: Path) -> None:
     from eaglewire.data.vocab import VOCAB_FILES
-    from eaglewire.outputs import OutputKind, update_marker
+    from eaglewire.output_marker import OutputKind, update_marker
 
     for name in VOCAB_FILES:
         shutil.copy(ws / "qs/data/vocab" / name, ws / "qs/data/train" / name)
@@ -39,7 +39,7 @@ def _vocab_beside_dataset(ws: Path) -> None:
 
 
 def _no_stale_vocab(ws: Path) -> None:
-    from eaglewire.outputs import read_marker, verify_files
+    from eaglewire.output_marker import read_marker, verify_files
 
     names = sorted(p.name for p in (ws / "qs/data/train").iterdir())
     assert not [n for n in names if n.startswith("draft_vocab")], names
@@ -54,7 +54,7 @@ def _run_from_before_markers(ws: Path) -> None:
 
 
 def _run_marked_now(ws: Path) -> None:
-    from eaglewire.outputs import OutputKind, read_marker
+    from eaglewire.output_marker import OutputKind, read_marker
 
     run, draft = read_marker(ws / "qs/train"), read_marker(ws / "qs/train/draft")
     assert run is not None and run.kind is OutputKind.TRAIN_RUN

@@ -52,7 +52,7 @@ def _cut_inside(rel: str, tensor: str) -> Callable[[Path], None]:
 
 def _ensure_marker(draft: Path) -> None:
     """A draft as `save_draft` writes it now: with its marker (the base may predate markers)."""
-    from eaglewire.outputs import OutputKind, read_marker, write_marker
+    from eaglewire.output_marker import OutputKind, read_marker, write_marker
 
     if read_marker(draft) is None:
         write_marker(draft, OutputKind.DRAFT, DRAFT_FILES)
@@ -63,7 +63,7 @@ def _rewrite_draft(edit: Callable[[dict[str, torch.Tensor]], None]) -> Callable[
     saved such weights leaves (the checksums match; the values are what is wrong)."""
 
     def setup(ws: Path) -> None:
-        from eaglewire.outputs import OutputKind, write_marker
+        from eaglewire.output_marker import OutputKind, write_marker
 
         draft = ws / DRAFT
         state = _read(draft / "model.safetensors")

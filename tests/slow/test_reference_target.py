@@ -6,14 +6,8 @@ import torch
 from eaglewire.contract.fingerprint import StateKey
 from eaglewire.target.capture import capture_all
 from eaglewire.target.identity import build_contract, check_fingerprint
-from eaglewire.target.loading import load_target
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return load_target("smollm2", dtype="float32")
 
 
 def test_reference_shape_and_eos(smollm2):

@@ -10,21 +10,23 @@ from pathlib import Path
 import pytest
 
 from eaglewire.errors import CheckpointError, ConfigError
-from eaglewire.outputs import (
+from eaglewire.output_marker import (
     LEGACY,
     MARKER_FILE,
     OutputKind,
+    read_marker,
+    recognise,
+    update_marker,
+    verify_files,
+    write_marker,
+)
+from eaglewire.outputs import (
     check_output_dir,
     check_output_file,
     check_resumable_dir,
     claim_output_dir,
     fresh_output,
-    read_marker,
-    recognise,
     replacing_dir,
-    update_marker,
-    verify_files,
-    write_marker,
 )
 
 

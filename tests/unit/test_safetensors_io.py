@@ -16,7 +16,7 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.io import WEIGHTS_FILE, load_draft_weights, verify_draft_files
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ConfigError, DataFormatError, TargetFilesError
-from eaglewire.outputs import OutputKind, write_marker
+from eaglewire.output_marker import OutputKind, write_marker
 from eaglewire.safetensors_io import load_tensors, open_tensors, read_header
 from eaglewire.tensor_checks import check_finite, check_vocab_map, nonfinite
 

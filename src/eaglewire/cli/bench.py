@@ -181,7 +181,8 @@ def bench(
                       "--sweep-num-draft-tokens": sweep_num_draft_tokens, "--batch-sizes": batch_sizes},
         eval_max_records=eval_max_records, eval_answer=eval_answer, dtype=dtype,
     )  # fmt: skip
-    from eaglewire.outputs import OutputKind, check_resumable_dir, claim_output_dir
+    from eaglewire.output_marker import OutputKind
+    from eaglewire.outputs import check_resumable_dir, claim_output_dir
 
     # A rerun into its own report directory rewrites the reports (a cut sweep resumes there); anything else: refused
     check_resumable_dir(out, OutputKind.BENCH)
@@ -302,7 +303,8 @@ def _sweep(
 ) -> None:
     from eaglewire.bench.report import describe_device, now_iso
     from eaglewire.bench.sweep import run_sweep, sweep_markdown, write_best_setting, write_sweep
-    from eaglewire.outputs import OutputKind, claim_output_dir
+    from eaglewire.output_marker import OutputKind
+    from eaglewire.outputs import claim_output_dir
 
     source = f"{command} | {now_iso()} | {describe_device(loaded.device)}"
     claim_output_dir(out, OutputKind.BENCH)  # before the sweep: it saves each finished setting there

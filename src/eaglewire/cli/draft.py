@@ -9,7 +9,8 @@ import typer
 
 from eaglewire.cli.common import parse_int_list, print_table
 from eaglewire.cli.flags import one_of
-from eaglewire.outputs import OutputKind, check_output_dir, fresh_output
+from eaglewire.output_marker import OutputKind
+from eaglewire.outputs import check_output_dir, fresh_output
 
 draft_app = typer.Typer(help="Create and inspect draft models.", no_args_is_help=True)
 

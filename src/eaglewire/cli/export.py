@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import console, print_table
-from eaglewire.outputs import OutputKind, check_output_dir
+from eaglewire.output_marker import OutputKind
+from eaglewire.outputs import check_output_dir
 
 # --format -> what the export directory holds (eaglewire.export.exporting.EXPORT_KINDS; not imported here: torch)
 EXPORT_KINDS = {"sglang": OutputKind.EXPORT_SGLANG, "vllm": OutputKind.EXPORT_VLLM}

@@ -112,7 +112,8 @@ def train_command(
     **options: Any,
 ) -> None:
     """Train a draft; everything lands in --out (draft in --out/draft, metrics in --out/metrics.jsonl)."""
-    from eaglewire.outputs import OutputKind, check_resumable_dir
+    from eaglewire.output_marker import OutputKind
+    from eaglewire.outputs import check_resumable_dir
 
     check_resumable_dir(out, OutputKind.TRAIN_RUN)  # a directory of anything else is refused before any work
     if resume and (out / TRAIN_CONFIG_FILE).exists():

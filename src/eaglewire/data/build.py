@@ -23,7 +23,8 @@ from eaglewire.data.records import INDEX_FILE, TOKENS_FILE, TokenizedDataset
 from eaglewire.data.types import TokenizedRecord
 from eaglewire.errors import ConfigError, DataFormatError
 from eaglewire.io_utils import sha256_text
-from eaglewire.outputs import OutputKind, fresh_output, write_marker
+from eaglewire.output_marker import OutputKind, write_marker
+from eaglewire.outputs import fresh_output
 from eaglewire.target.identity import tokenizer_hash
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,8 @@ from eaglewire.data.safetensors_stream import write_safetensors_stream
 from eaglewire.data.types import CapturedRecord, ShardContent
 from eaglewire.errors import DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json, sha256_file
-from eaglewire.outputs import OutputKind, claim_output_dir
+from eaglewire.output_marker import OutputKind
+from eaglewire.outputs import claim_output_dir
 from eaglewire.safetensors_io import open_tensors, read_header
 from eaglewire.typed_config import read_json_file
 

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from eaglewire.data.records import TokenizedDataset
 from eaglewire.errors import ConfigError, DataFormatError
 from eaglewire.io_utils import atomic_path, atomic_write_json
-from eaglewire.outputs import OutputKind, fresh_output, recognise, update_marker, write_marker
+from eaglewire.output_marker import OutputKind, recognise, update_marker, write_marker
+from eaglewire.outputs import fresh_output
 from eaglewire.safetensors_io import load_tensors
 from eaglewire.tensor_checks import check_vocab_map
 from eaglewire.typed_config import read_json_file

@@ -13,7 +13,7 @@ from eaglewire.draft.config import DRAFT_CONFIG_FILE, DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatchError
 from eaglewire.io_utils import atomic_path
-from eaglewire.outputs import MARKER_FILE, OutputKind, read_marker, verify_files, write_marker
+from eaglewire.output_marker import MARKER_FILE, OutputKind, read_marker, verify_files, write_marker
 from eaglewire.safetensors_io import load_tensors, read_header
 from eaglewire.tensor_checks import check_finite, check_vocab_map
 

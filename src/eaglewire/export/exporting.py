@@ -45,7 +45,8 @@ from eaglewire.export.sglang import sglang_config, sglang_layer_ids
 from eaglewire.export.vllm import speculators_config, vllm_layer_ids
 from eaglewire.export.vocab_map import is_identity
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.outputs import OutputKind, check_output_dir, fresh_output, write_marker
+from eaglewire.output_marker import OutputKind, write_marker
+from eaglewire.outputs import check_output_dir, fresh_output
 from eaglewire.target.loading import torch_dtype
 from eaglewire.tensor_checks import check_finite
 

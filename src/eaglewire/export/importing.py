@@ -50,7 +50,8 @@ from eaglewire.export.layout import engine_to_eaglewire_names, read_weights
 from eaglewire.export.sglang import read_sglang
 from eaglewire.export.vllm import read_speculators
 from eaglewire.export.vocab_map import offsets_to_absolute
-from eaglewire.outputs import OutputKind, check_output_dir, fresh_output
+from eaglewire.output_marker import OutputKind
+from eaglewire.outputs import check_output_dir, fresh_output
 from eaglewire.target.architectures import target_parts
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget

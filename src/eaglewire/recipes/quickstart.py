@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.outputs import OutputKind, claim_output_dir
+from eaglewire.output_marker import OutputKind
+from eaglewire.outputs import claim_output_dir
 from eaglewire.recipes.quickstart_data import stage_data, training_data_dir
 from eaglewire.recipes.quickstart_decode import prompt_set_kinds, stage_decode
 from eaglewire.recipes.quickstart_eval import stage_eval

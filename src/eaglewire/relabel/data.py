@@ -30,7 +30,7 @@ from eaglewire.doctor.data_check import DataWiring, check_data_against_target
 from eaglewire.doctor.diagnosis import key_text
 from eaglewire.errors import BoundaryError, ConfigError, ContractMismatchError, DataFormatError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.outputs import MARKER_FILE, OutputKind, read_marker, update_marker
+from eaglewire.output_marker import MARKER_FILE, OutputKind, read_marker, update_marker
 from eaglewire.target.identity import compute_fingerprint, target_identity
 from eaglewire.target.loading import LoadedTarget, dtype_name
 from eaglewire.typed_config import read_json_file, to_dict

@@ -2,7 +2,7 @@
 
 For a draft trained on mislabelled data: its weights learned the states the data really held, while
 its contract repeats the data's wrong labels. The doctor proves which by the draft's own accuracy
-under both wirings (`doctor/run.py`, `wiring_verdict_findings`); the fix is a draft with the same
+under both wirings (`doctor.wiring_verdict.wiring_verdict_findings`); the fix is a draft with the same
 config and weights (copied byte for byte) and a contract rebuilt on the live target at the boundaries
 it learned. The new draft is a one-shot output (`outputs.fresh_output`): built beside `--out`, its
 marker lists the three files' checksums, and it is loaded back before it is put in place. The source
@@ -24,7 +24,8 @@ from eaglewire.doctor.draft_source import detect_kind
 from eaglewire.draft.config import DRAFT_CONFIG_FILE, DRAFT_FORMAT, DraftConfig
 from eaglewire.draft.io import DRAFT_FILES, WEIGHTS_FILE, load_draft
 from eaglewire.errors import CheckpointError, ConfigError, ContractMismatchError
-from eaglewire.outputs import OutputKind, fresh_output, write_marker
+from eaglewire.output_marker import OutputKind, write_marker
+from eaglewire.outputs import fresh_output
 from eaglewire.relabel.data import check_aux_count, contract_on_target, identity_differences
 from eaglewire.target.loading import LoadedTarget
 from eaglewire.typed_config import read_json_file

@@ -31,7 +31,8 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.io import DRAFT_FILES, WEIGHTS_FILE, check_draft_matches_contract
 from eaglewire.errors import CheckpointError, ConfigError
 from eaglewire.io_utils import atomic_write_json
-from eaglewire.outputs import OutputKind, check_resumable_dir, claim_output_dir, verify_files, write_marker
+from eaglewire.output_marker import OutputKind, verify_files, write_marker
+from eaglewire.outputs import check_resumable_dir, claim_output_dir
 from eaglewire.safetensors_io import load_tensors, read_header
 from eaglewire.tensor_checks import check_finite
 from eaglewire.train.config import RESUME_MUTABLE, TrainConfig, config_diff

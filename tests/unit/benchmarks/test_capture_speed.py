@@ -4,26 +4,27 @@ work folders."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "benchmarks" / "capture_speed.py"
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
-def test_every_row_runs_and_each_dataset_variant_writes_its_own_shards(tmp_path: Path) -> None:
+def test_every_row_runs_and_each_dataset_variant_writes_its_own_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as a script: its folder on sys.path (capture_speed_rows)
+    main = importlib.import_module("capture_speed").main
     work, second = tmp_path / "work", tmp_path / "second"
     out = tmp_path / "capture.json"
-    args = [sys.executable, str(SCRIPT), "--tiny", "--records", "16", "--max-tokens", "3000", "--repeats", "1",
-            "--dataset-repeats", "1", "--dataset-shard-records", "4", "--dataset-max-window-batches", "1",
-            "--second-work", str(second), "--work", str(work), "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--tiny", "--records", "16", "--max-tokens", "3000", "--repeats", "1", "--dataset-repeats", "1",
+            "--dataset-shard-records", "4", "--dataset-max-window-batches", "1", "--second-work", str(second),
+            "--work", str(work), "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
     result = json.loads(out.read_text())
     rows = {r["name"]: r for r in result["rows"]}
     memory = ["prefill", "prefill_no_cudnn", "prefill_unmasked", "capture_masked", "capture_states",
@@ -41,5 +42,5 @@ def test_every_row_runs_and_each_dataset_variant_writes_its_own_shards(tmp_path:
     sizes = {rows[n]["written_bytes"] for n in dataset if n != "capture_dataset_shards4"}
     assert len(sizes) == 1
     assert result["baseline_row"].startswith("prefill") and result["goal_ratio"] == 0.70
-    assert "| capture_dataset_shards4 | 4 |" in done.stdout
+    assert "| capture_dataset_shards4 | 4 |" in capsys.readouterr().out
     assert not any(work.iterdir()) and not any(second.iterdir())  # every fresh folder removed again

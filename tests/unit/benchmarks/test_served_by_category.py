@@ -6,12 +6,10 @@ are the categories' rounds added up."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmarks.served_by_category import main
 from typer.testing import CliRunner
 
 from eaglewire.cli import app
@@ -29,8 +27,6 @@ from tests.unit.engine.conftest import (
     train_draft,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "benchmarks" / "served_by_category.py"
 CATEGORIES = ("writing", "math", "writing")
 
 
@@ -54,13 +50,9 @@ def test_categories_add_up_to_the_served_prediction_of_the_whole_set(tmp_path: P
     assert r.exit_code == 0, r.output
     bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
     out = tmp_path / "by_category.json"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--target", str(target_dir), "--draft", str(draft_dir), "--bench",
-         str(tmp_path / "bench" / "bench.json"), "--chain", "2", "--out", str(out)],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--target", str(target_dir), "--draft", str(draft_dir), "--bench", str(tmp_path / "bench" / "bench.json"),
+            "--chain", "2"]  # fmt: skip
+    assert main([*args, "--out", str(out)]) == 0
     rows = {row["category"]: row for row in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["math", "writing", "(whole set)"]
     assert [rows[c]["prompts"] for c in rows] == [1, 2, 3]
@@ -75,12 +67,7 @@ def test_categories_add_up_to_the_served_prediction_of_the_whole_set(tmp_path: P
     assert [rows[c]["served_token_differs_share"] for c in rows] == [0.0, 0.0, 0.0]
     # the draft under bf16 autocast (as the H200's replay runs it): the same split, a nearby tau
     out_bf16 = tmp_path / "by_category_bf16.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--target", str(target_dir), "--draft", str(draft_dir), "--bench",
-         str(tmp_path / "bench" / "bench.json"), "--chain", "2", "--precision", "bf16", "--out", str(out_bf16)],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*args, "--precision", "bf16", "--out", str(out_bf16)]) == 0
     saved = json.loads(out_bf16.read_text())
     assert saved["precision"] == "bf16"
     bf16 = {row["category"]: row for row in saved["rows"]}

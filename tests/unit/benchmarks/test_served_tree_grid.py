@@ -1,6 +1,6 @@
 """benchmarks/served_tree_grid.py on a tiny bench: its predictions of the bench's own chain and tree
 equal the bench's served-text predictions (same text, same evaluation, float32), and a bench whose
-prompts encode differently here is refused with the prompt named."""
+prompts encode differently here is refused with the prompt named (run as a script: exit status 2)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmarks.served_tree_grid import main
 from typer.testing import CliRunner
 
 from eaglewire.cli import app
@@ -43,16 +44,13 @@ def bench_run(tmp_path_factory) -> dict[str, Path]:
     return {"target": target_dir, "draft": draft_dir, "bench": root / "bench" / "bench.json", "root": root}
 
 
-def grid(files: dict[str, Path], bench: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, str(SCRIPT), "--target", str(files["target"]), "--draft", str(files["draft"]),
-            "--bench", str(bench), "--trees", "2,1,3", "3,2,5", "3,2,4", "--dynamic", "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, check=False)
+def grid_args(files: dict[str, Path], bench: Path, out: Path) -> list[str]:
+    return ["--target", str(files["target"]), "--draft", str(files["draft"]), "--bench", str(bench),
+            "--trees", "2,1,3", "3,2,5", "3,2,4", "--dynamic", "--out", str(out)]  # fmt: skip
 
 
 def test_the_bench_settings_are_predicted_as_the_bench_predicted_them(bench_run, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    done = grid(bench_run, bench_run["bench"], tmp_path / "grid.json")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(grid_args(bench_run, bench_run["bench"], tmp_path / "grid.json")) == 0
     rows = {
         (r["num_steps"], r["topk"], r["num_draft_tokens"]): r
         for r in json.loads((tmp_path / "grid.json").read_text())["rows"]
@@ -76,6 +74,8 @@ def test_a_bench_of_other_prompts_is_refused(bench_run, tmp_path) -> None:  # ty
     bench["methods"]["plain"]["prompts"][1]["prompt_tokens"] += 1
     moved = tmp_path / "bench.json"
     moved.write_text(json.dumps(bench))
-    done = grid(bench_run, moved, tmp_path / "grid.json")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    done = subprocess.run([sys.executable, str(SCRIPT), *grid_args(bench_run, moved, tmp_path / "grid.json")],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 2
     assert "encodes to" in done.stderr and str(moved) in done.stderr

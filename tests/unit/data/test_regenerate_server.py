@@ -32,17 +32,16 @@ import pytest
 from eaglewire.data.formats import Conversation, Message
 from eaglewire.data.generation import SamplingConfig, generate_answers, hf_generate
 from eaglewire.data.regenerate import regenerate, sidecar_path
-from eaglewire.data.regenerate_http import (
+from eaglewire.data.regenerate_client import (
     RetryPolicy,
-    ServerError,
     ServerSettings,
     _Retry,
     parse_chat_answer,
     parse_retry_after,
-    regenerate_via_server,
     server_base_url,
 )
-from eaglewire.errors import ConfigError
+from eaglewire.data.regenerate_http import regenerate_via_server
+from eaglewire.errors import ConfigError, ServerError
 from eaglewire.target.loading import LoadedTarget
 from tests.helpers.tiny import make_tiny_target, save_tiny_target
 

@@ -225,7 +225,7 @@ def tiny_hidden(num_layers: int, hidden: int) -> LoadedTarget:
 def rewrite_marker(directory: Path) -> None:
     """Record the files' new checksums in the directory's marker, as eaglewire does when it writes them
     (a draft whose weights a test changed the way training or another tool would, not a damaged copy)."""
-    from eaglewire.outputs import read_marker, write_marker
+    from eaglewire.output_marker import read_marker, write_marker
 
     marker = read_marker(directory)
     if marker is not None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 
 from eaglewire.doctor.draft_source import read_draft_source
-from eaglewire.doctor.run import _trained_boundaries, diagnose, wiring_verdict_findings
+from eaglewire.doctor.run import diagnose
 from eaglewire.doctor.standalone import Accuracy, WiringVerdict
+from eaglewire.doctor.wiring_verdict import boundaries_trained_on, wiring_verdict_findings
 from eaglewire.draft.io import save_draft
 from eaglewire.export.exporting import export_draft
 from eaglewire.target.identity import build_contract
@@ -150,7 +151,7 @@ def test_an_unclear_verdict_never_changes_the_draft(worlds):
     w, draft_dir, _ = worlds["fine"]
     unclear = verdict(30, 28)
     assert wiring_verdict_findings(unclear, read_draft_source(draft_dir), w.data_contract, L) == []
-    assert _trained_boundaries(Y, w.draft_contract, w.data_contract, unclear) == (X, "the draft's contract")
+    assert boundaries_trained_on(Y, w.draft_contract, w.data_contract, unclear) == (X, "the draft's contract")
     # without any measured accuracy, a draft's contract beats the data's values too
-    assert _trained_boundaries(Y, w.draft_contract, w.data_contract, None) == (X, "the draft's contract")
-    assert _trained_boundaries(Y, None, w.data_contract, None) == (Y, "the training data's values")
+    assert boundaries_trained_on(Y, w.draft_contract, w.data_contract, None) == (X, "the draft's contract")
+    assert boundaries_trained_on(Y, None, w.data_contract, None) == (Y, "the training data's values")

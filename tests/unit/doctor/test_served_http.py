@@ -26,8 +26,9 @@ from typer.testing import CliRunner, Result
 
 from eaglewire.cli import app
 from eaglewire.doctor.miswirings import AuxSource, ServedSetup, Wiring, all_candidates
-from eaglewire.doctor.served import CHECK, ReplayWorld, ServedCheck, ServedText, compare_served, tolerance
 from eaglewire.doctor.served_client import RoundCounts, ServerError
+from eaglewire.doctor.served_compare import CHECK, ServedCheck, compare_served, tolerance
+from eaglewire.doctor.served_replay import ReplayWorld, ServedText
 from eaglewire.engine.spec_args import SpecArgs
 from tests.unit.doctor.served_world import ANSWER_TOKENS, CHAIN, ServedWorld, build_world, edit_config, export
 

@@ -8,7 +8,7 @@ from eaglewire.draft import GrowingKV
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import DRAFT_FILES, load_draft, save_draft
 from eaglewire.errors import CheckpointError, ConfigError
-from eaglewire.outputs import OutputKind, write_marker
+from eaglewire.output_marker import OutputKind, write_marker
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
 from tests.helpers.tiny import ARCHITECTURES, make_tiny_target

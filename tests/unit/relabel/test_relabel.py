@@ -23,12 +23,12 @@ from eaglewire.contract.fingerprint import StateKey
 from eaglewire.data.shards import ShardDataset, ShardWriter
 from eaglewire.data.types import ShardContent
 from eaglewire.doctor.data_check import check_data_against_target, relabel_data_command
-from eaglewire.doctor.run import relabel_draft_command
+from eaglewire.doctor.wiring_verdict import relabel_draft_command
 from eaglewire.draft.init import init_draft
 from eaglewire.draft.io import load_draft, save_draft
 from eaglewire.errors import BoundaryError, CheckpointError, ConfigError, ContractMismatchError
 from eaglewire.export.exporting import export_draft
-from eaglewire.outputs import OutputKind, verify_files, write_marker
+from eaglewire.output_marker import OutputKind, verify_files, write_marker
 from eaglewire.relabel.data import check_data_request, relabel_data, requested_final
 from eaglewire.relabel.draft import relabel_draft
 from eaglewire.target.identity import build_contract

@@ -16,13 +16,6 @@ from eaglewire.data.regenerate import regenerate
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():  # type: ignore[no-untyped-def]
-    from eaglewire.target.loading import load_target
-
-    return load_target("smollm2", dtype="float32")
-
-
 def test_smollm2_masks_regeneration_and_magpie(smollm2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     tok = smollm2.tokenizer
     conv = next(c for c in load_builtin("chitchat", "train") if len(c.messages) >= 4)

@@ -25,8 +25,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def targets():
-    return load_target("smollm2", dtype="bfloat16"), load_target("smollm2", dtype="float32")
+def targets(smollm2):
+    return load_target("smollm2", dtype="bfloat16"), smollm2
 
 
 def records(target, boundaries):

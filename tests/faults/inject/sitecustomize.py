@@ -23,9 +23,12 @@ def _accept_first_draft() -> None:
     real = verify.greedy_paths
 
     def greedy_paths(
-        tokens: torch.Tensor, ancestors: torch.Tensor, target_logits: torch.Tensor
+        tokens: torch.Tensor,
+        ancestors: torch.Tensor,
+        target_logits: torch.Tensor,
+        agreed: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        packed = real(tokens, ancestors, target_logits)  # [B, 1 + 2N]: n, path nodes, emitted tokens
+        packed = real(tokens, ancestors, target_logits, agreed)  # [B, 1 + 2N]: n, path nodes, emitted tokens
         N = tokens.shape[1]
         if N < 2:
             return packed

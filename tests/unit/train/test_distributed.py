@@ -45,6 +45,11 @@ class Launch:
         where = "draft" if step is None else f"checkpoints/step-{step:08d}"
         return load_file(str(self.out / run / where / "model.safetensors"))
 
+    def metrics(self, run: str) -> list[dict]:
+        """The training metrics of `run`, one line per optimizer step."""
+        lines = (self.out / run / "metrics.jsonl").read_text().splitlines()
+        return [m for m in map(json.loads, lines) if m["split"] == "train"]
+
     def epochs(self, *runs: str) -> dict[int, Counter[str]]:
         """Per epoch, how often each record was trained on in `runs` together (all processes)."""
         out: dict[int, Counter[str]] = {}
@@ -103,6 +108,17 @@ def test_two_processes_match_one_process_with_double_batch(launch):
     assert_close_weights(launch.weights("w1_accum"), ref, "accumulation")  # 2 micro-batches of 2 == 1 of 4
     for parallel in ("ddp", "fsdp"):
         assert_close_weights(launch.weights(parallel), ref, parallel)
+    # Step by step the same rows, counts and (up to summation order) losses and gradient norms: the
+    # norm is taken before clipping, so it also shows a filler that would add to the gradient (which
+    # clipping would hide from the weights).
+    exact, close = ("step", "epoch", "tokens", "valid_rows", "oov_masked", "lr"), ("loss", "acc", "grad_norm")
+    ref_metrics = launch.metrics("w1")
+    assert len(ref_metrics) == STEPS
+    for run in ("w1_accum", "ddp", "fsdp"):
+        for got, want in zip(launch.metrics(run), ref_metrics, strict=True):
+            assert {k: got[k] for k in exact} == {k: want[k] for k in exact}, run
+            for k in close:
+                assert got[k] == pytest.approx(want[k], rel=1e-5), (run, got["step"], k)
 
 
 def test_each_epoch_is_shared_out_once_each_an_uneven_last_step_included(launch):

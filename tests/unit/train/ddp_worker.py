@@ -31,6 +31,8 @@ def main() -> None:
         runs.copy_run("ddp_stop", "w2_to_w1")  # the test resumes it in 1 process
     barrier(ctx)
     runs.train("ddp_stop", resume=True, record_as="ddp_stop+resume")
+    runs.train("fsdp_stop", parallel="fsdp", stop=STOP)
+    runs.train("fsdp_stop", parallel="fsdp", resume=True, record_as="fsdp_stop+resume")
     runs.train("w1_to_w2", resume=True, record_as="w1_to_w2+resume")
     (out / f"rank-{ctx.rank}.json").write_text(json.dumps({"steps": runs.steps, "env": env}))
     shutdown_distributed()

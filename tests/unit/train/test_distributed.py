@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglewire.draft.init import init_draft
+from eaglewire.errors import TrainingError
 from eaglewire.train.distributed import MULTICAST_OFF, disable_nvlink_multicast
 from tests.unit.train.dist_setup import NUM_RECORDS, STEPS, STOP, Runs, Steps
 
@@ -39,6 +40,7 @@ class Launch:
     steps: dict[str, Steps]  # both launches' runs, merged over ranks
     env: list[dict[str, str | None]]  # per rank: the multicast variables after init_distributed
     init: dict[str, torch.Tensor]
+    runs: Runs  # this process's (1 process)
 
     def weights(self, run: str, step: int | None = None) -> dict[str, torch.Tensor]:
         """The final draft of `run`, or its checkpoint after `step`."""
@@ -87,7 +89,7 @@ def launch(tmp_path_factory) -> Launch:
         envs.append(got["env"])
         for run, rows in got["steps"].items():
             steps.setdefault(run, []).extend(tuple(r) for r in rows)
-    return Launch(out, steps, envs, init_draft(runs.target, runs.contract, seed=0).state_dict())
+    return Launch(out, steps, envs, init_draft(runs.target, runs.contract, seed=0).state_dict(), runs)
 
 
 def assert_close_weights(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], what: str) -> None:
@@ -137,16 +139,17 @@ def test_each_epoch_is_shared_out_once_each_an_uneven_last_step_included(launch)
         assert by_rank[1, 0, 2] == [] and by_rank[1, 1, 2] == []  # the uneven last steps
 
 
-def test_resume_at_the_same_world_size_is_bitwise_equal(launch):
-    """2 processes stopped after step 4 (epoch 1) and resumed in 2 processes: the same rows summed
-    in the same order with the same optimizer state, so the weights are bitwise those of the
-    uninterrupted run (1 process: test_train_loop.test_resume_reaches_the_same_weights)."""
-    assert_equal_weights(
-        launch.weights("ddp_stop", STOP), launch.weights("ddp", STOP), "checkpoint at the stop"
-    )
-    assert_equal_weights(launch.weights("ddp_stop"), launch.weights("ddp"), "resumed")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_resume_at_the_same_world_size_is_bitwise_equal(launch, parallel):
+    """2 processes stopped after step 4 (epoch 1) and resumed in 2: the same rows summed in the same
+    order with the same optimizer state (FSDP2: gathered into the checkpoint, sharded again on
+    resume), so the weights are bitwise those of the uninterrupted run (1 process:
+    test_train_loop.test_resume_reaches_the_same_weights)."""
+    stop = f"{parallel}_stop"
+    assert_equal_weights(launch.weights(stop, STOP), launch.weights(parallel, STOP), "checkpoint at the stop")
+    assert_equal_weights(launch.weights(stop), launch.weights(parallel), "resumed")
     every = Counter({f"rec-1-{i}": 1 for i in range(NUM_RECORDS)})
-    assert launch.epochs("ddp_stop", "ddp_stop+resume") == {0: every, 1: every}
+    assert launch.epochs(stop, f"{stop}+resume") == {0: every, 1: every}
 
 
 @pytest.mark.parametrize(
@@ -168,6 +171,15 @@ def test_resume_across_world_sizes(launch, before, after, other):
     assert launch.epochs(before, f"{after}+resume") == {0: every, 1: every}
     resumed = {(epoch, group) for _, epoch, group, _ in launch.steps[f"{after}+resume"]}
     assert resumed == {(1, 1), (1, 2)}  # steps 5 and 6
+
+
+def test_a_resume_that_would_change_the_rows_per_step_is_refused_before_any_write(launch):
+    before = (launch.out / "w1_stop" / "train_config.json").read_text()
+    with pytest.raises(
+        TrainingError, match=r"saved with 4 rows per optimizer step \(1 processes\), this launch has 3"
+    ):
+        launch.runs.train("w1_stop", resume=True, batch_size=3)
+    assert (launch.out / "w1_stop" / "train_config.json").read_text() == before
 
 
 def test_nvlink_multicast_is_off_unless_the_user_set_it(launch):

@@ -31,7 +31,11 @@ log = logging.getLogger(__name__)
 # it. On the shared multi-GPU hosts this project is tested on, a program that uses it can put the
 # host's GPUs out of service for a day or more, and no eaglewire run has been measured with it, so
 # it stays off unless the user sets these variables.
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 def disable_nvlink_multicast(env: MutableMapping[str, str]) -> dict[str, str]:

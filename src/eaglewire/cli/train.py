@@ -1,6 +1,7 @@
 """`eaglewire train`: train an EAGLE-3 draft online (tokenized dataset) or offline (hidden-state shards).
 
-Multi-GPU: `torchrun --nproc_per_node N $(which eaglewire) train ...` (DDP; `--parallel fsdp` for FSDP2).
+Multi-GPU: `torchrun --nproc_per_node N $(which eaglewire) train ...` (DDP; `--parallel fsdp` for FSDP2;
+docs/multi-gpu.md).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from eaglewire.contract.contract import Contract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.io import DRAFT_FILES, WEIGHTS_FILE, check_draft_matches_contract
-from eaglewire.errors import CheckpointError, ConfigError
+from eaglewire.errors import CheckpointError, ConfigError, TrainingError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.output_marker import OutputKind, verify_files, write_marker
 from eaglewire.outputs import check_resumable_dir, claim_output_dir
@@ -46,6 +46,10 @@ OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_INDEX = "optimizer.json"
 RNG_FILE = "rng.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"
+# How one optimizer step's rows are split into processes and micro-batches: a resume may change these
+# (with the number of processes) while processes x grad_accum_steps x batch_size stays the same,
+# since the epoch plans (`train.epoch_plans`) and the update depend on that product only.
+RESUME_RESPLIT = frozenset({"batch_size", "grad_accum_steps"})
 FORMAT = "eaglewire-train-checkpoint"
 # What a checkpoint directory holds (its marker lists their sizes and sha256).
 CHECKPOINT_FILES = (*DRAFT_FILES, OPTIMIZER_TENSORS, OPTIMIZER_INDEX, RNG_FILE, TRAINER_STATE_FILE)
@@ -312,12 +316,19 @@ def check_run_dir(out_dir: Path, *, resume: bool) -> None:
 
 
 def start_or_resume(
-    out_dir: Path, config: TrainConfig, *, resume: bool, is_main: bool, barrier: Callable[[], None]
+    out_dir: Path,
+    config: TrainConfig,
+    *,
+    resume: bool,
+    is_main: bool,
+    barrier: Callable[[], None],
+    world_size: int = 1,
 ) -> Checkpoint | None:
     """A new run writes train_config.json (refusing a directory that already holds a run); a resumed
     run loads its latest checkpoint after checking the config is the run's own. Fields that do not
     change what is computed (RESUME_MUTABLE: logging, eval and checkpoint cadence) may change on
-    resume; they are written back to train_config.json."""
+    resume, and so may RESUME_RESPLIT's when `world_size` x grad_accum_steps x batch_size equals the
+    checkpoint's rows per step; they are written back to train_config.json."""
     out_dir = Path(out_dir)
     latest = find_latest(out_dir) if out_dir.exists() else None
     if not resume:
@@ -336,14 +347,32 @@ def start_or_resume(
             f"--resume: {out_dir} has no checkpoint (latest.json)", fix="drop --resume to start a new run"
         )
     stored = TrainConfig.load(out_dir)
-    diffs = config_diff(stored, config, names=("stored", "given"), ignore=RESUME_MUTABLE)
+    diffs = config_diff(stored, config, names=("stored", "given"), ignore=RESUME_MUTABLE | RESUME_RESPLIT)
     if diffs:
         raise ConfigError(
             "--resume: the training config differs from the run's:\n  " + "\n  ".join(diffs),
             fix="resume with the run's own settings (train_config.json in the run directory)",
         )
+    ckpt = load_checkpoint(latest)
+    check_rows_per_step(ckpt, config, world_size)
     if is_main:
         claim_output_dir(out_dir, OutputKind.TRAIN_RUN)  # a run from before markers gets one now
         config.save(out_dir)
     barrier()
-    return load_checkpoint(latest)
+    return ckpt
+
+
+def check_rows_per_step(ckpt: Checkpoint, config: TrainConfig, world_size: int) -> None:
+    """Refuse a resume whose optimizer steps would hold another number of rows than the checkpoint's:
+    its saved data position (epoch, step of the epoch) would then point at other records."""
+    saved = ckpt.trainer_state["rows_per_step"]
+    now = world_size * config.grad_accum_steps * config.batch_size
+    if saved != now:
+        was = ckpt.trainer_state.get("world_size", "?")
+        raise TrainingError(
+            f"{ckpt.path}: saved with {saved} rows per optimizer step ({was} processes), this launch has {now} "
+            f"({world_size} processes x grad_accum_steps={config.grad_accum_steps} x batch_size={config.batch_size}); "
+            "the data position would not line up",
+            fix=f"choose batch_size and grad_accum_steps so that processes x grad_accum_steps x batch_size = {saved}, "
+            "or start a new run (another --out)",
+        )

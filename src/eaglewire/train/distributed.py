@@ -4,6 +4,10 @@
 the process group with NCCL on CUDA and gloo on CPU. Gradients are averaged across processes by
 both wrappers; the loop scales its loss so that N processes compute the same update as one
 process that sees all N micro-batches (see `eaglewire.train.loop`).
+
+NVLink multicast (NVLS) stays off unless the user turned it on: `init_distributed` sets the
+variables of `MULTICAST_OFF` that the environment does not set, before NCCL, torch's symmetric
+memory or NVSHMEM read them (docs/multi-gpu.md).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +26,24 @@ from torch import nn
 from eaglewire.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# NCCL, torch's symmetric memory and NVSHMEM each use NVLink multicast (NVLS) where the hardware has
+# it. On the shared multi-GPU hosts this project is tested on, a program that uses it can put the
+# host's GPUs out of service for a day or more, and no eaglewire run has been measured with it, so
+# it stays off unless the user sets these variables.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def disable_nvlink_multicast(env: MutableMapping[str, str]) -> dict[str, str]:
+    """Set each MULTICAST_OFF variable `env` lacks (os.environ, or a launcher's environment); returns
+    those it set."""
+    added = {k: v for k, v in MULTICAST_OFF.items() if k not in env}
+    env.update(added)
+    return added
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,9 @@ def init_distributed(device: str | None = None) -> DistContext:
     if use_cuda:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
+        added = disable_nvlink_multicast(os.environ)  # NCCL reads them when its communicators start
+        if added:
+            log.info("NVLink multicast off: %s", " ".join(f"{k}={v}" for k, v in added.items()))
         backend = "nccl" if use_cuda else "gloo"
         dist.init_process_group(backend=backend)
         log.info("process group: backend=%s rank=%d/%d device=%s", backend, rank, world, dev)

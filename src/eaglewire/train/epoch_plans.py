@@ -12,7 +12,6 @@ first step; docs/history/benchmarks-log.md §2x).
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
@@ -20,8 +19,6 @@ from typing import overload
 from eaglewire.errors import ConfigError, TrainingError
 from eaglewire.train.batches import Row, epoch_order, plan_rows
 from eaglewire.train.config import TrainConfig
-
-log = logging.getLogger(__name__)
 
 Groups = list[list[Row]]  # one epoch: a list of optimizer steps, each a list of rows
 
@@ -34,9 +31,11 @@ def plan_groups(
     world_size: int,
     repeats: Sequence[int] | None = None,
 ) -> Groups:
-    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows);
-    `repeats`: record_repeats' counts. With several processes an incomplete last group is dropped,
-    since every process must run the same number of steps."""
+    """The optimizer-step groups of one epoch (each world_size*grad_accum_steps*batch_size rows, the
+    last one possibly fewer); `repeats`: record_repeats' counts. The groups depend on the processes
+    only through that product, so every record is trained once an epoch however many processes
+    share it, and a run resumes at another world size with the same product (`split_for_rank` deals
+    a short last group out; `prepare_step` evens out the micro-batches the processes run)."""
     rows = plan_rows(
         lengths,
         epoch_order(len(lengths), seed=config.seed, epoch=epoch, repeats=repeats),
@@ -44,16 +43,7 @@ def plan_groups(
         pack=config.pack,
     )
     size = world_size * config.grad_accum_steps * config.batch_size
-    groups = [rows[i : i + size] for i in range(0, len(rows), size)]
-    if world_size > 1 and groups and len(groups[-1]) < size:
-        log.info(
-            "epoch %d: dropping the last %d rows (an incomplete step across %d processes)",
-            epoch,
-            len(groups[-1]),
-            world_size,
-        )
-        groups.pop()
-    return groups
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 class EpochPlans(Sequence[Groups]):

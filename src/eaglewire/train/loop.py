@@ -71,6 +71,9 @@ from eaglewire.train.target_side import TargetSide, check_data_contract, check_d
 from eaglewire.train.ttt import StepRows
 
 log = logging.getLogger(__name__)
+# DEBUG: the record ids each process trains on in each optimizer step (fillers excluded), e.g. to
+# check that the processes share every epoch's records out once each.
+records_log = logging.getLogger(__name__ + ".records")
 
 DRAFT_DIR = "draft"
 SUMMARY_FILE = "train_summary.json"
@@ -116,7 +119,12 @@ class Trainer:
         target_side.verify(draft_contract)
         repeats = record_repeats(data, config)  # a misnamed source is refused before any write
         ckpt = start_or_resume(
-            self.out_dir, config, resume=resume, is_main=ctx.is_main, barrier=lambda: barrier(ctx)
+            self.out_dir,
+            config,
+            resume=resume,
+            is_main=ctx.is_main,
+            barrier=lambda: barrier(ctx),
+            world_size=ctx.world_size,
         )
         if ckpt is not None:
             config = self.cfg = TrainConfig.load(
@@ -168,14 +176,7 @@ class Trainer:
 
     # --- setup ---
     def _restore(self, ckpt: Checkpoint) -> None:
-        st = ckpt.trainer_state
-        rows_per_step = self.ctx.world_size * self.cfg.grad_accum_steps * self.cfg.batch_size
-        if st["rows_per_step"] != rows_per_step:
-            raise TrainingError(
-                f"{ckpt.path}: saved with {st['rows_per_step']} rows per optimizer step, this launch has {rows_per_step} "
-                f"({self.ctx.world_size} processes x grad_accum_steps x batch_size); the data position would not line up",
-                fix="resume with the same number of processes, or scale batch_size to keep the product",
-            )
+        st = ckpt.trainer_state  # rows per step already checked (start_or_resume)
         check_resumed_plan(st.get("epoch_plan_sha256"), self.plans, st["epoch"], st["group"], ckpt.path)
         set_optimizer_state_dict(
             self.model, self.optimizer, ckpt.optimizer_state, options=StateDictOptions(full_state_dict=True)
@@ -226,28 +227,33 @@ class Trainer:
         """One optimizer step on `prepared`; with `upcoming`, also prepares that step's inputs while
         this one still runs on the device, and returns them."""
         cfg, ctx = self.cfg, self.ctx
-        micro, inputs, plans = prepared.micro, prepared.inputs, prepared.plans
-        n_valid = self._normalizers(plans)
+        micro, inputs, plans, real = prepared.micro, prepared.inputs, prepared.plans, prepared.real
+        if records_log.isEnabledFor(logging.DEBUG):
+            records_log.debug("rank %d epoch %d group %d records %s", ctx.rank, prepared.epoch, prepared.group,
+                              prepared.record_ids)  # fmt: skip
+        n_valid = self._normalizers(plans[:real])
         w = torch.tensor(self.weights, dtype=torch.float64).to(ctx.device, non_blocking=True)
         scale = torch.where(
             n_valid > 0, w * ctx.world_size / n_valid.clamp_min(1), torch.zeros_like(w)
         ).float()
+        filler_scale = torch.zeros_like(scale)  # a filler micro-batch's gradients are exact zeros
         table = torch.zeros(cfg.ttt_steps, NUM_COUNTS, dtype=torch.float64, device=ctx.device)
         finite: list[torch.Tensor] = []
         for i, (inp, plan) in enumerate(zip(inputs, plans, strict=True)):
             with set_gradient_sync(self.model, i == len(inputs) - 1):
                 with self.autocast:
                     out = self.model(inp, rows=plan)
-                loss = (out.loss_sums.float() * scale).sum()
+                loss = (out.loss_sums.float() * (scale if i < real else filler_scale)).sum()
                 finite.append(torch.isfinite(loss))
                 loss.backward()
-            table += out.counts
+            if i < real:
+                table += out.counts
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         bad_micro = ~torch.stack(finite)  # [micro-batches] non-finite loss
-        tokens = float(sum(inp.batch.num_tokens for inp in inputs))  # host count, no sync
+        tokens = float(sum(inp.batch.num_tokens for inp in inputs[:real]))  # host count, no sync
         # One all-reduce and one device->host copy for the whole step (counts are exact in float64).
         shared = torch.cat(
             [
@@ -288,7 +294,7 @@ class Trainer:
 
     def _raise_non_finite(self, bad: list[str], micro: list[list[Row]], norm: float) -> None:
         gathered = all_gather_objects(bad, self.ctx)
-        named = [rid for part in gathered for rid in part]
+        named = list(dict.fromkeys(rid for part in gathered for rid in part))  # a filler repeats a record
         where = f"optimizer step {self.step + 1} (epoch {self.epoch}, batch {self.group} of the epoch)"
         if named:
             msg = f"non-finite loss at {where}; records in the offending micro-batch(es): {named}"

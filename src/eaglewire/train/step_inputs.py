@@ -28,6 +28,14 @@ class StepInputs:
     micro: list[list[Row]]  # the micro-batches' rows
     inputs: list[TrainInputs]
     plans: list[StepRows]
+    # The first `real` micro-batches hold this process's rows; the rest are fillers that only keep
+    # the processes' collectives in step (weight zero, counted nowhere).
+    real: int
+
+    @property
+    def record_ids(self) -> list[str]:
+        """The records this process trains on in this step (fillers excluded), in row order."""
+        return [rid for inp in self.inputs[: self.real] for rid in inp.batch.record_ids]
 
 
 def prepare_step(
@@ -41,17 +49,25 @@ def prepare_step(
     ctx: DistContext,
 ) -> StepInputs:
     """The inputs of this process's micro-batches of `groups[index]` (the target's forwards are
-    launched, not waited for)."""
-    micro = split_for_rank(
-        groups[index],
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        batch_size=cfg.batch_size,
-        accum=cfg.grad_accum_steps,
-    )
+    launched, not waited for).
+
+    In an epoch's short last group a process may have fewer micro-batches than rank 0 (which has the
+    most), or none. It then runs as many as rank 0, the missing ones on the group's first row with
+    weight zero: DDP all-reduces in every process's last backward and FSDP gathers in every forward,
+    so all processes must run the same number (evaluation does the same, `evaluate_model`)."""
+    group = groups[index]
+
+    def split(rank: int) -> list[list[Row]]:
+        return split_for_rank(
+            group, rank=rank, world_size=ctx.world_size, batch_size=cfg.batch_size, accum=cfg.grad_accum_steps
+        )
+
+    micro = split(ctx.rank)
+    real = len(micro)
+    micro += [[group[0]]] * (len(split(0)) - real)
     inputs = [target_side.prepare(rows, fetch_rows(data, rows), ctx.device) for rows in micro]
     plans = [batch_step_rows(inp.batch, cfg.ttt_steps) for inp in inputs]
-    return StepInputs(epoch, index, micro, inputs, plans)
+    return StepInputs(epoch, index, micro, inputs, plans, real)
 
 
 def next_group(plans: Sequence[Sequence[list[Row]]], epoch: int, group: int) -> tuple[int, int] | None:

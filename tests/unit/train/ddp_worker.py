@@ -1,32 +1,40 @@
-"""Worker for test_distributed.py, launched by torchrun: trains the tiny draft with DDP and then FSDP2.
+"""Worker for test_distributed.py, launched by torchrun (2 processes, gloo): the runs of dist_setup.py.
 
-Usage: torchrun --nproc_per_node 2 tests/unit/train/ddp_worker.py OUT_DIR BATCH_SIZE
-Writes OUT_DIR/{ddp,fsdp}/draft (rank 0). Everything is rebuilt from seeds in every process.
+Usage: torchrun --nproc_per_node 2 tests/unit/train/ddp_worker.py OUT_DIR
+Expects OUT_DIR/w1_to_w2: a 1-process run stopped after step STOP. Rank 0 writes the runs' drafts and
+checkpoints under OUT_DIR; each rank writes OUT_DIR/rank-R.json: the record ids of each step it ran
+(`Runs.steps`) and the NVLink multicast variables it saw after init_distributed.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from eaglewire.draft.init import init_draft
-from eaglewire.train.distributed import init_distributed, shutdown_distributed
-from eaglewire.train.loop import train
-from tests.unit.train.conftest import capture_records, make_records
-from tests.unit.train.test_distributed import CONFIG, build_target
+from eaglewire.train.distributed import MULTICAST_OFF, barrier, init_distributed, shutdown_distributed
+from tests.unit.train.dist_setup import STOP, Runs
 
 
 def main() -> None:
-    out, batch_size = Path(sys.argv[1]), int(sys.argv[2])
+    out = Path(sys.argv[1])
     ctx = init_distributed("cpu")
-    target, contract, side_for = build_target()
-    records = capture_records(target, contract, make_records(target.vocab_size, 16, seed=1))
-    for parallel in ("ddp", "fsdp"):
-        draft = init_draft(target, contract, seed=0)
-        cfg = CONFIG.__class__(**{**CONFIG.__dict__, "batch_size": batch_size, "parallel": parallel})
-        train(cfg, draft, contract, records, side_for(draft), out_dir=out / parallel, progress=False, ctx=ctx)
+    env = {k: os.environ.get(k) for k in MULTICAST_OFF}
+    runs = Runs(out, ctx)
+    runs.train("ddp")
+    runs.train("fsdp", parallel="fsdp")
+    runs.train("ddp_stop", stop=STOP)
+    if ctx.is_main:
+        runs.copy_run("ddp_stop", "w2_to_w1")  # the test resumes it in 1 process
+    barrier(ctx)
+    runs.train("ddp_stop", resume=True, record_as="ddp_stop+resume")
+    runs.train("fsdp_stop", parallel="fsdp", stop=STOP)
+    runs.train("fsdp_stop", parallel="fsdp", resume=True, record_as="fsdp_stop+resume")
+    runs.train("w1_to_w2", resume=True, record_as="w1_to_w2+resume")
+    (out / f"rank-{ctx.rank}.json").write_text(json.dumps({"steps": runs.steps, "env": env}))
     shutdown_distributed()
 
 

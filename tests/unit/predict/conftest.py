@@ -4,9 +4,7 @@ target's own greedy answers (chains and trees then accept several tokens)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,45 +13,15 @@ from eaglewire.bench.prompts import BenchPrompt, PromptSet, encode_prompt
 from eaglewire.contract.contract import Contract
 from eaglewire.data.types import CapturedRecord, TokenizedRecord
 from eaglewire.draft.init import init_draft
-from eaglewire.draft.io import save_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
 from tests.helpers.tiny import CORPUS, make_tiny_target
+from tests.helpers.tiny_bench import draft_dir, one_cpu_thread, tiny_target, two_prompts
 from tests.unit.engine.conftest import Tiny, plain_greedy, train_draft
 from tests.unit.train.conftest import capture_records, make_records
 
-
-@pytest.fixture(scope="package", autouse=True)
-def one_cpu_thread() -> Iterator[None]:
-    """Tiny matmuls on a loaded 2-core machine: intra-op threads only add contention (10-100x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="package")
-def tiny_target() -> LoadedTarget:
-    return make_tiny_target("llama")
-
-
-@pytest.fixture(scope="package")
-def draft_dir(tiny_target: LoadedTarget, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    contract = build_contract(tiny_target)
-    draft = init_draft(tiny_target, contract, seed=0)
-    return save_draft(draft, contract, tmp_path_factory.mktemp("draft") / "draft")
-
-
-@pytest.fixture(scope="package")
-def two_prompts() -> PromptSet:
-    return PromptSet(
-        "tiny",
-        (
-            BenchPrompt("greeting", (("user", "Hello! How are you today?"),)),
-            BenchPrompt("code", (("system", "You write Python."), ("user", "def add(a, b):"))),
-        ),
-    )
+__all__ = ["draft_dir", "one_cpu_thread", "tiny_target", "two_prompts"]  # the shared fixtures, re-exported
 
 
 @pytest.fixture(scope="package")

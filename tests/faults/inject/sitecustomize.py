@@ -17,7 +17,7 @@ FAULT = os.environ.get("EAGLEWIRE_TEST_FAULT")
 def _accept_first_draft() -> None:
     import torch
 
-    import eaglewire.engine.runners.fast.runner as runner
+    import eaglewire.engine.runners.fast.greedy as runner_greedy
     import eaglewire.engine.verify as verify
 
     real = verify.greedy_paths
@@ -41,7 +41,7 @@ def _accept_first_draft() -> None:
         return packed
 
     verify.greedy_paths = greedy_paths
-    runner.greedy_paths = greedy_paths
+    runner_greedy.greedy_paths = greedy_paths
 
 
 if FAULT == "accept-first-draft":

@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.engine.runners.fast.graphs import GraphCache, own_code
+from eaglewire.engine.runners.fast.greedy import tree_greedy_paths, with_greedy
 from eaglewire.engine.runners.fast.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
 from eaglewire.engine.runners.fast.model import KernelChoices, make_head_fn, make_layer_fn, prepare
 from eaglewire.engine.runners.fast.weights import check_fast_supported, extract_weights
 from eaglewire.engine.runners.protocol import TargetForward, check_boundaries
-from eaglewire.engine.verify import greedy_paths
 from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.nn.attention import varying_shape_attention
 from eaglewire.target.loading import LoadedTarget
@@ -227,7 +227,7 @@ class FastTargetRunner:
                     )
                     self.graph_max_prefill_tokens = 0
             logits, aux = self._run(input_ids, positions, None, self.cache.lengths, None, logits_at)
-            return _with_greedy(logits, aux, input_ids, tree_mask, greedy)
+            return with_greedy(logits, aux, input_ids, tree_mask, greedy)
         window = kv_bucket(need, self.cache.capacity)
         if window > self._last_window and self.use_graphs and length_bound is None:
             # a new bucket: tighten the host's bound once (one sync) so buckets stay small
@@ -240,7 +240,7 @@ class FastTargetRunner:
                 input_ids, positions, tree_mask, self.cache.lengths, self._kv_positions[:window], logits_at
             )
             forced = self.forced_acceptance
-            return _with_greedy(logits, aux, input_ids, tree_mask, greedy, positions, forced)
+            return with_greedy(logits, aux, input_ids, tree_mask, greedy, positions, forced)
         return self._replay(input_ids, positions, tree_mask, logits_at, window, greedy)
 
     @torch.no_grad()
@@ -364,7 +364,7 @@ class FastTargetRunner:
             logits, aux = self._run(ids, pos, None, self.cache.lengths, kv, logits_at)
         if logits_at is None:
             logits = logits[:, :N]  # [B, N, V]
-        return _with_greedy(logits, aux[:, :N], input_ids, None, greedy)
+        return with_greedy(logits, aux[:, :N], input_ids, None, greedy)
 
     def _run(
         self,
@@ -479,35 +479,3 @@ class FastTargetRunner:
         if self.copy_outputs:
             logits, aux, paths = logits.clone(), aux.clone(), [p.clone() for p in paths]
         return TargetForward(logits=logits, aux=aux, greedy=paths[0] if paths else None)
-
-
-def tree_greedy_paths(
-    input_ids: torch.Tensor,
-    tree_mask: torch.Tensor | None,
-    logits: torch.Tensor,
-    positions: torch.Tensor | None = None,
-    forced: ForcedAcceptance | None = None,
-) -> torch.Tensor:
-    """`greedy_paths` of the trees a forward ran: input_ids [B, N]; tree_mask [B, N, N] (None: causal,
-    a chain); logits [B, N, V] -> [B, 1 + 2N]. forced (with the nodes' positions [B, N]): accept
-    its recorded paths instead (`engine.forced`)."""
-    B, N = input_ids.shape
-    dev = logits.device
-    if tree_mask is None:
-        tree_mask = torch.ones(N, N, dtype=torch.bool, device=dev).tril().expand(B, N, N)
-    tree_mask = tree_mask.to(dev)
-    agreed = None if forced is None or positions is None else forced.agreed(positions.to(dev), tree_mask)
-    return greedy_paths(input_ids.to(dev), tree_mask, logits, agreed)
-
-
-def _with_greedy(
-    logits: torch.Tensor,
-    aux: torch.Tensor,
-    input_ids: torch.Tensor,
-    tree_mask: torch.Tensor | None,
-    greedy: bool,
-    positions: torch.Tensor | None = None,
-    forced: ForcedAcceptance | None = None,
-) -> TargetForward:
-    paths = tree_greedy_paths(input_ids, tree_mask, logits, positions, forced) if greedy else None
-    return TargetForward(logits=logits, aux=aux, greedy=paths)

@@ -118,6 +118,15 @@ def make_tiny_target(
     return LoadedTarget(model=model, tokenizer=tok, path=Path(f"<tiny-{arch}>"))
 
 
+def make_peaked_target(num_layers: int = 8, seed: int = 0) -> LoadedTarget:
+    """A tiny Llama target whose lm_head is scaled up so its next-token distribution is peaked
+    (a random init is nearly uniform, which leaves a draft nothing to learn)."""
+    target = make_tiny_target("llama", num_layers=num_layers, seed=seed)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(40.0)
+    return target
+
+
 def save_tiny_target(target: LoadedTarget, directory: Path) -> Path:
     target.model.save_pretrained(directory, safe_serialization=True)
     target.tokenizer.save_pretrained(directory)

@@ -7,7 +7,7 @@ field that differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,10 @@ class TargetIdentity:
     tokenizer_hash: str = help_field("sha256 of the tokenizer's vocabulary and special tokens")
     chat_template_hash: str = help_field("sha256 of the chat template text, or 'none'")
     name: str = help_field("where the target was loaded from (informational, not compared)", default="")
+
+
+# The identity fields a draft and a live target must agree on (`name` is informational).
+IDENTITY_KEYS = tuple(f.name for f in fields(TargetIdentity) if f.name != "name")
 
 
 @dataclass(frozen=True)

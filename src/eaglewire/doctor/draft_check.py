@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from eaglewire.contract.contract import Contract, contract_diff
+from eaglewire.contract.contract import IDENTITY_KEYS, Contract, contract_diff
 from eaglewire.contract.fingerprint import TOLERANCE, match_fingerprint
 from eaglewire.doctor.diagnosis import key_text
 from eaglewire.doctor.draft_source import DraftSource
@@ -44,15 +44,7 @@ def check_identity(
     """Compare the contract's target identity with the live target; True when the shapes agree."""
     declared, live = to_dict(contract.target), to_dict(target_identity(target))
     shapes_ok = True
-    for key in (
-        "architecture",
-        "num_layers",
-        "hidden_size",
-        "vocab_size",
-        "config_hash",
-        "tokenizer_hash",
-        "chat_template_hash",
-    ):
+    for key in IDENTITY_KEYS:
         ok = declared[key] == live[key]
         shown_d = str(declared[key])[:16] if key.endswith("hash") else str(declared[key])
         shown_l = str(live[key])[:16] if key.endswith("hash") else str(live[key])

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglewire.contract.contract import CONTRACT_FILE, Contract, FinalState
+from eaglewire.contract.contract import CONTRACT_FILE, IDENTITY_KEYS, Contract, FinalState
 from eaglewire.contract.fingerprint import NormSide, StateKey
 from eaglewire.contract.numbering import validate_boundaries
 from eaglewire.data.shards import MANIFEST_FILE, ShardDataset
@@ -36,16 +36,6 @@ from eaglewire.target.loading import LoadedTarget, dtype_name
 from eaglewire.typed_config import read_json_file, to_dict
 
 log = logging.getLogger(__name__)
-
-IDENTITY_KEYS = (
-    "architecture",
-    "num_layers",
-    "hidden_size",
-    "vocab_size",
-    "config_hash",
-    "tokenizer_hash",
-    "chat_template_hash",
-)
 
 
 @dataclass(frozen=True)

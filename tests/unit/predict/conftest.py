@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from eaglewire.bench.prompts import BenchPrompt, PromptSet, encode_prompt
 from eaglewire.contract.contract import Contract
@@ -16,7 +15,7 @@ from eaglewire.draft.init import init_draft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.target.identity import build_contract
 from eaglewire.target.loading import LoadedTarget
-from tests.helpers.tiny import CORPUS, make_tiny_target
+from tests.helpers.tiny import CORPUS, make_peaked_target, make_tiny_target
 from tests.helpers.tiny_bench import draft_dir, one_cpu_thread, tiny_target, two_prompts
 from tests.unit.engine.conftest import Tiny, plain_greedy, train_draft
 from tests.unit.train.conftest import capture_records, make_records
@@ -26,12 +25,8 @@ __all__ = ["draft_dir", "one_cpu_thread", "tiny_target", "two_prompts"]  # the s
 
 @pytest.fixture(scope="package")
 def peaked_target() -> LoadedTarget:
-    """A tiny Llama target whose lm_head is scaled up so its next-token distribution is peaked
-    (a random init is nearly uniform, which leaves a draft nothing to learn)."""
-    target = make_tiny_target("llama", num_layers=8, seed=0)
-    with torch.no_grad():
-        target.model.lm_head.weight.mul_(40.0)
-    return target
+    """A tiny Llama target with a peaked next-token distribution (`make_peaked_target`)."""
+    return make_peaked_target()
 
 
 @pytest.fixture(scope="package")

@@ -8,7 +8,7 @@ import torch
 from eaglewire.data.types import CapturedRecord, TokenizedRecord
 from eaglewire.target.capture import capture
 from eaglewire.target.identity import build_contract
-from tests.helpers.tiny import make_tiny_target
+from tests.helpers.tiny import make_peaked_target
 
 
 def make_records(vocab_size: int, n: int, *, seed: int, lo: int = 14, hi: int = 30) -> list[TokenizedRecord]:
@@ -36,12 +36,8 @@ def capture_records(target, contract, records) -> list[CapturedRecord]:
 
 @pytest.fixture(scope="session")
 def tiny_target():
-    """A tiny Llama target whose lm_head is scaled up so its next-token distribution is peaked
-    (a random init is nearly uniform, which leaves a draft nothing to learn)."""
-    target = make_tiny_target("llama", num_layers=8, seed=0)
-    with torch.no_grad():
-        target.model.lm_head.weight.mul_(40.0)
-    return target
+    """A tiny Llama target with a peaked next-token distribution (`make_peaked_target`)."""
+    return make_peaked_target()
 
 
 @pytest.fixture(scope="session")

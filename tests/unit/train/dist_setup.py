@@ -12,14 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from eaglewire.draft.init import init_draft
 from eaglewire.target.identity import build_contract
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.loop import TrainResult, records_log, train
 from eaglewire.train.target_side import OfflineTarget, TargetHead
-from tests.helpers.tiny import make_tiny_target
+from tests.helpers.tiny import make_peaked_target
 from tests.unit.train.conftest import capture_records, make_records
 
 # 9 unpacked records = 9 rows an epoch = optimizer steps of 4, 4 and 1 rows (2 processes x 2 rows, or
@@ -45,9 +43,7 @@ Steps = list[tuple[int, int, int, list[str]]]
 
 
 def build_target() -> tuple[Any, Any, Any]:
-    target = make_tiny_target("llama", num_layers=8, seed=0)
-    with torch.no_grad():
-        target.model.lm_head.weight.mul_(40.0)
+    target = make_peaked_target()
     contract = build_contract(target, fingerprint=False)
 
     def side_for(draft):

@@ -267,6 +267,8 @@ CHOICE_KEYS = {
     "mm_rows": "reduction_matmul_max_rows",
     "mm_bytes": "reduction_matmul_max_bytes",
     "attn_rows": "reduction_attention_max_rows",
+    "attn": "attention",  # auto | triton | sdpa
+    "triton_rows": "triton_attention_max_rows",
 }
 
 

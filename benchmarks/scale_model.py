@@ -46,7 +46,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: make the sibling benchmark modules importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_speed import SHAPES, build_target, time_ms, verify_costs
+from benchmarks.engine_speed import SHAPES, build_target, kernel_profile, time_ms, verify_costs
 
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.bench.timing import Stopwatch
@@ -302,6 +302,7 @@ def draft_parts(
             "step_ms": round_ms / forwards,
             f"extend_{n}_ms": time_ms(extend, dev, args.iters, args.reps),
         }
+        print(f"[parts] {spec}: round {round_ms:.3f} ms", flush=True)
     return out
 
 
@@ -317,21 +318,46 @@ def components(
     weight_bytes = draft_step_weight_bytes(drafter_for(SpecArgs.chain(5)).draft)
     floor_ms = weight_bytes / bandwidth * 1000
     chain = SpecArgs.chain(5)
-    trees = sorted({ts.spec for ts in sets if not ts.spec.is_chain}, key=lambda s: s.num_draft_tokens)
-    parts = draft_parts(drafter_for, target, [chain, *trees], args)
-    for row in parts.values():
-        row["step_over_floor"] = row["step_ms"] / floor_ms
-    prompt = torch.tensor([random_prompt(CONTEXT, runner.vocab_size, seed=99)], device=dev)
-    widths = sorted({*VERIFY_WIDTHS, *(ts.spec.num_draft_tokens for ts in sets)})
-    forward_ms = verify_costs(runner, prompt, widths, args.iters, args.reps)
-    return {
+    traced = {ts.spec for ts in sets if not ts.spec.is_chain}
+    trees = sorted(traced | set(args.extra_trees), key=lambda s: (s.num_draft_tokens, s.num_steps, s.topk))
+    specs = [chain, *trees]
+    out: dict[str, Any] = {
         "copy_bandwidth_bytes_per_s": bandwidth,
         "draft_step_weight_bytes": weight_bytes,
         "draft_step_floor_ms": floor_ms,
-        "draft": parts,
-        "forward_ms": forward_ms,  # verify(N) (chain mask) at a CONTEXT-token context; "1": decode(1)
-        "verify_over_decode": {k: v / forward_ms["1"] for k, v in forward_ms.items()},
     }
+    drafts = {"draft": drafter_for}
+    if args.weights_before_after:  # the same draft's weights, concatenated inside every forward
+        drafts["draft_unfused"] = unfused_drafters(drafter_for(chain).draft)
+    for key, make in drafts.items():
+        out[key] = draft_parts(make, target, specs, args)
+        for row in out[key].values():
+            row["step_over_floor"] = row["step_ms"] / floor_ms
+    prompt = torch.tensor([random_prompt(CONTEXT, runner.vocab_size, seed=99)], device=dev)
+    widths = sorted({*VERIFY_WIDTHS, *(s.num_draft_tokens for s in specs)})
+    forward_ms = verify_costs(runner, prompt, widths, args.iters, args.reps)
+    out["forward_ms"] = forward_ms  # verify(N) (chain mask) at a CONTEXT-token context; "1": decode(1)
+    out["verify_over_decode"] = {k: v / forward_ms["1"] for k, v in forward_ms.items()}
+    if args.profile and dev.type == "cuda":  # kernels by category: where verify(128) spends its time
+        out["kernels"] = {str(k): kernel_profile(runner, prompt, k) for k in (1, 128)}
+    return out
+
+
+def unfused_drafters(draft: Eagle3Draft) -> Callable[[SpecArgs], Drafter]:
+    """Drafters of a copy of `draft` that keeps concatenating q/k/v and gate/up inside each forward
+    (the engine before `Eagle3Draft.fuse_weights`): the before half of --weights-before-after."""
+    copy = type(draft)(draft.config).to(device=draft.get_buffer("draft_to_target").device)
+    copy.load_state_dict(draft.state_dict())
+    copy = copy.to(dtype=next(draft.parameters()).dtype).eval()
+    copy.fuse_weights = lambda: None  # type: ignore[method-assign]
+    drafters: dict[SpecArgs, Drafter] = {}
+
+    def make(spec: SpecArgs) -> Drafter:
+        if spec not in drafters:
+            drafters[spec] = Drafter(copy, spec)
+        return drafters[spec]
+
+    return make
 
 
 def summary_keys(shape: str, rows: list[dict[str, Any]], parts: dict[str, Any]) -> dict[str, Any]:
@@ -384,12 +410,53 @@ def markdown(result: dict[str, Any]) -> str:
         "| draft setting | round ms | forwards | step ms | step / floor | extend(3) ms |",
         "|---|---|---|---|---|---|",
     ]
-    for name, row in parts["draft"].items():
+    for key, label in (("draft", ""), ("draft_unfused", " (weights concatenated per forward)")):
+        for name, row in parts.get(key, {}).items():
+            lines.append(
+                f"| {name}{label} | {row['round_ms']:.3f} | {row['draft_forwards']} | {row['step_ms']:.3f} "
+                f"| {row['step_over_floor']:.2f} | {row[f'extend_{EXTEND_ROWS}_ms']:.3f} |"
+            )
+    lines += [
+        "",
+        "Round parts per setting (verify(N) + draft round + extend, launch gaps not included) and the "
+        "tau each would need for the goal (2.0x chains, 2.5x trees):",
+        "",
+        "| setting | verify(N) ms | draft round ms | extend ms | parts ms | tau for the goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in round_parts(parts).items():
         lines.append(
-            f"| {name} | {row['round_ms']:.3f} | {row['draft_forwards']} | {row['step_ms']:.3f} "
-            f"| {row['step_over_floor']:.2f} | {row[f'extend_{EXTEND_ROWS}_ms']:.3f} |"
+            f"| {name} | {row['verify_ms']:.3f} | {row['draft_round_ms']:.3f} | {row['extend_ms']:.3f} "
+            f"| {row['parts_ms']:.3f} | {row['tau_for_goal']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def round_parts(parts: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per timed draft setting: the sum of its round's parts and the tau at which rounds of that
+    cost would reach the goal speed-up over decode(1) (2.0x for chains, 2.5x for trees)."""
+    out = {}
+    decode = parts["forward_ms"]["1"]
+    for name, row in parts["draft"].items():
+        nodes = int(name.split()[1].split("x")[2])
+        verify = parts["forward_ms"].get(str(nodes))
+        if verify is None:
+            continue
+        total = verify + row["round_ms"] + row[f"extend_{EXTEND_ROWS}_ms"]
+        goal = 2.0 if name.startswith("chain") else 2.5
+        out[name] = {
+            "verify_ms": verify,
+            "draft_round_ms": row["round_ms"],
+            "extend_ms": row[f"extend_{EXTEND_ROWS}_ms"],
+            "parts_ms": total,
+            "tau_for_goal": goal * total / decode,
+        }
+    return out
+
+
+def parse_tree(text: str) -> SpecArgs:
+    steps, topk, nodes = (int(x) for x in text.lower().split("x"))
+    return SpecArgs(num_steps=steps, topk=topk, num_draft_tokens=nodes)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -404,6 +471,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt (median)")
     ap.add_argument("--iters", type=int, default=20, help="back-to-back calls per timed part")
     ap.add_argument("--reps", type=int, default=5, help="repeats of those (median)")
+    ap.add_argument(
+        "--extra-trees",
+        type=lambda text: [parse_tree(t) for t in text.split(",") if t],
+        default=[],
+        help="more tree settings (STEPSxTOPKxNODES,...) whose round parts to time without a trace",
+    )
+    ap.add_argument(
+        "--weights-before-after",
+        action="store_true",
+        help="also time the draft parts with q/k/v and gate/up concatenated in every forward",
+    )
+    ap.add_argument("--profile", action="store_true", help="kernels by category of decode(1) and verify(128)")
     args = ap.parse_args(argv)
     if args.num_prompts < 1:
         raise ConfigError(f"--num-prompts: expected >= 1, got {args.num_prompts}")
@@ -430,14 +509,15 @@ def main(argv: list[str] | None = None) -> int:
             )
     sets = read_traces(args.traces, args.num_prompts)
     target = build_target(args.shape, device, dtype)
-    nodes = max(ts.spec.num_draft_tokens for ts in sets)
+    widths = {ts.spec.num_draft_tokens for ts in sets} | {t.num_draft_tokens for t in args.extra_trees}
+    nodes = max(widths)
     longest = max(p.prompt_tokens + p.new_tokens for ts in sets for p in ts.prompts)
     max_seq_len = max(longest, 2 * CONTEXT) + max(nodes, 128) + 1
     runner = FastTargetRunner(
         target, default_boundaries(target.num_layers), max_batch_size=1, max_seq_len=max_seq_len
     )
-    for ts in sets:
-        runner.reserve_verify_width(ts.spec.num_draft_tokens)
+    for width in sorted(widths):
+        runner.reserve_verify_width(width)
     forced = ForcedAcceptance(runner.max_seq_len, device)
     runner.forced_acceptance = forced
     draft = scale_draft(target, DRAFT_VOCAB[args.shape], args.head_logit_std)
@@ -498,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace_tau": {f"{ts.method} {ts.label} ({ts.source})": ts.tau_recorded for ts in sets},
         "settings": rows,
         "components": parts,
+        "round_parts": round_parts(parts),
     }
     result["meta"]["seconds"] = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)

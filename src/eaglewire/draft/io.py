@@ -62,7 +62,8 @@ def save_draft(model: Eagle3Draft, contract: Contract, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     check_draft_matches_contract(model.config, contract, where=str(directory))
     model.config.save(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # a copy of each: a fused draft's weights share storage, which safetensors refuses
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt", "producer": "eaglewire"})
     contract.save(directory)

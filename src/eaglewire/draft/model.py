@@ -13,6 +13,7 @@ Draft token `d` is target token `draft_to_target[d]` (absolute ids; the engines'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,6 +79,25 @@ class DraftOutput:
     logits: torch.Tensor  # [B, T, Vd]
 
 
+def fuse_linears(module: nn.Module, name: str, linears: list[nn.Linear]) -> None:
+    """Store the linears' weights as one tensor, `module.<name>` (a non-persistent buffer), each
+    weight becoming a view of its rows: the same values and parameters (state dict, optimizer and
+    in-place loads see no change), one copy in memory, and no concatenation per forward."""
+    with torch.no_grad():
+        fused = torch.cat([m.weight for m in linears])  # [sum of out, in]
+        for m, rows in zip(linears, fused.split([m.out_features for m in linears]), strict=True):
+            m.weight.data = rows
+    setattr(module, name, fused)
+
+
+def joined_weight(fused: torch.Tensor | None, linears: list[nn.Linear]) -> torch.Tensor:
+    """The linears' weights stacked: the fused tensor when inferring, else a concatenation (with
+    gradients enabled the product must reach the parameters themselves)."""
+    if fused is not None and not torch.is_grad_enabled():
+        return fused
+    return torch.cat([m.weight for m in linears])
+
+
 class DraftAttention(nn.Module):
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
@@ -89,6 +109,18 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(wide, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(wide, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_weight: torch.Tensor | None  # [q; k; v] once fused (see fuse_weights)
+        self.register_buffer("qkv_weight", None, persistent=False)
+
+    def fuse_weights(self) -> None:
+        if self.qkv_weight is None:  # once: CUDA graphs captured since read the fused tensor
+            fuse_linears(self, "qkv_weight", [self.q_proj, self.k_proj, self.v_proj])
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+        super()._apply(fn, recurse)
+        if self.qkv_weight is not None:  # .to() and friends convert each tensor apart: fuse again
+            fuse_linears(self, "qkv_weight", [self.q_proj, self.k_proj, self.v_proj])
+        return self
 
     def forward(
         self,
@@ -101,9 +133,8 @@ class DraftAttention(nn.Module):
         B, T, _ = x.shape
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # One matrix product for q, k and v: a drafting step has ~8 rows, so each product is a
-        # kernel's latency, not its bytes. Compiled, the concatenation is one copy per graph
-        # (identical in every unrolled step); the tensor names stay q/k/v_proj.
-        qkv_weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        # kernel's latency or its weight bytes. The tensor names stay q/k/v_proj.
+        qkv_weight = joined_weight(self.qkv_weight, [self.q_proj, self.k_proj, self.v_proj])
         q, k, v = F.linear(x, qkv_weight).split([q_width, kv_width, kv_width], dim=-1)
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
         k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
@@ -119,10 +150,23 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None  # [gate; up] once fused (see fuse_weights)
+        self.register_buffer("gate_up_weight", None, persistent=False)
+
+    def fuse_weights(self) -> None:
+        if self.gate_up_weight is None:
+            fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+        super()._apply(fn, recurse)
+        if self.gate_up_weight is not None:
+            fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # gate and up in one product, as q/k/v in DraftAttention
-        gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).chunk(2, dim=-1)
+        gate_up = joined_weight(self.gate_up_weight, [self.gate_proj, self.up_proj])
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -164,6 +208,16 @@ class Eagle3Draft(nn.Module):
         # A plain attribute, not a buffer: `.to(bfloat16)` must not round the frequencies.
         self.rope_inv_freq = inv_freq
         self.rope_scaling = scaling
+
+    def fuse_weights(self) -> None:
+        """For inference (the engine's Drafter calls it): q/k/v and gate/up each become views of one
+        stacked weight, so a drafting forward reads its weights once instead of concatenating them
+        first (a copy of every layer weight but o/down per step: at the Llama-3.1-8B shape 336 MB,
+        0.16 ms of a 0.38 ms step on an H200; log §2zg). Values, names and the state dict stay
+        as they are; forwards with gradients enabled still concatenate. Idempotent: a second call
+        (another Drafter of the same draft) must not free the tensor the first one's graphs read."""
+        self.layer.self_attn.fuse_weights()
+        self.layer.mlp.fuse_weights()
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """aux [B, T, A*Ht] -> hidden [B, T, H]."""

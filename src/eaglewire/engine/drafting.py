@@ -77,6 +77,7 @@ class Drafter:
             raise ValueError(
                 f"topk={spec.topk} exceeds the draft vocabulary ({draft.config.draft_vocab_size})"
             )
+        draft.fuse_weights()  # stacked q/k/v and gate/up: no weight copy inside each forward
         self.draft = draft
         self.spec = spec
         self.device = next(draft.parameters()).device

@@ -69,7 +69,9 @@ def engine_tensors(
     for name, tensor in state.items():
         if name == EAGLEWIRE_VOCAB_BUFFER:
             continue
-        out[eaglewire_to_engine_name(name, fmt)] = tensor.detach().to("cpu", dtype).contiguous()
+        # a copy each: the engine's fused draft keeps q/k/v and gate/up in shared storage, which
+        # safetensors refuses to write
+        out[eaglewire_to_engine_name(name, fmt)] = tensor.detach().to("cpu", dtype, copy=True).contiguous()
     if with_vocab_map:
         d2t, t2d = absolute_to_offsets(state[EAGLEWIRE_VOCAB_BUFFER], vocab_size)
         out[D2T], out[T2D] = d2t, t2d

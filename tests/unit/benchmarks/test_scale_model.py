@@ -105,13 +105,16 @@ def test_a_shorter_round_does_not_shift_the_rounds_after_it():
         forced.load(0, [[1, 2]])
 
 
+EXTRA_FLAGS = ["--weights-before-after", "--extra-trees", "3x2x6"]
+
+
 def test_tiny_end_to_end(tmp_path):
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1] / "src"), str(SCRIPT.parents[1])]),
     }
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--out", str(tmp_path)],
+        [sys.executable, str(SCRIPT), "--tiny", "--out", str(tmp_path), *EXTRA_FLAGS],
         capture_output=True,
         text=True,
         env=env,
@@ -128,3 +131,10 @@ def test_tiny_end_to_end(tmp_path):
     chain = next(r for r in result["settings"] if r["settings"]["topk"] == 1)
     assert chain["replayed_exactly"] == 1.0 and chain["rounds"] == chain["rounds_recorded"]
     assert "Projection" in done.stdout and done.stdout.rstrip().endswith("|")
+    # the draft parts with fused weights and (before) concatenated per forward, the extra tree timed too
+    parts = result["components"]
+    assert set(parts["draft"]) == set(parts["draft_unfused"]) >= {"chain 5x1x6", "tree 3x2x6"}
+    for name, row in result["round_parts"].items():
+        goal = 2.0 if name.startswith("chain") else 2.5
+        assert row["parts_ms"] == pytest.approx(row["verify_ms"] + row["draft_round_ms"] + row["extend_ms"])
+        assert row["tau_for_goal"] == pytest.approx(goal * row["parts_ms"] / parts["forward_ms"]["1"])

@@ -169,3 +169,43 @@ def test_more_attention_heads_keep_the_targets_grouping_and_reach_the_export(set
             draft_config_for_target(target.config, num_aux=contract.num_aux, num_attention_heads=group + 1)
     with pytest.raises(ConfigError, match="expected a positive multiple .*got 0"):
         draft_config_for_target(target.config, num_aux=contract.num_aux, num_attention_heads=0)
+
+
+def test_fused_weights_are_the_parameters_themselves(tmp_path):
+    """fuse_weights (the engine's load step) changes storage only: the same outputs, state dict and
+    parameter objects; in-place loads and `.to()` reach the fused tensors; gradients still reach
+    the parameters; a fused draft saves and loads."""
+    target = make_tiny_target(ARCHITECTURES[0])
+    contract = build_contract(target)
+    draft = init_draft(target, contract).eval()
+    ids = torch.randint(0, target.vocab_size, (1, 5))
+    hidden = torch.randn(1, 5, draft.config.hidden_size)
+    pos = torch.arange(5)[None]
+    with torch.no_grad():
+        before = draft(ids, hidden, pos).logits
+    params = dict(draft.named_parameters())
+    keys = list(draft.state_dict())
+    draft.fuse_weights()
+    attn, mlp = draft.layer.self_attn, draft.layer.mlp
+    fused = (attn.qkv_weight, mlp.gate_up_weight)
+    draft.fuse_weights()  # a second Drafter of the same draft: captured graphs keep their tensors
+    assert (attn.qkv_weight, mlp.gate_up_weight) == fused
+    assert dict(draft.named_parameters()) == params and list(draft.state_dict()) == keys
+    assert attn.k_proj.weight.data_ptr() != attn.q_proj.weight.data_ptr()
+    assert attn.qkv_weight is not None and attn.qkv_weight.data_ptr() == attn.q_proj.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(draft(ids, hidden, pos).logits, before, rtol=0, atol=0)
+        mlp.up_proj.weight.mul_(2)  # an in-place change of a parameter is a change of the fused tensor
+    assert mlp.gate_up_weight is not None
+    torch.testing.assert_close(mlp.gate_up_weight[mlp.gate_proj.out_features :], mlp.up_proj.weight)
+    draft.to(torch.float64)  # converted tensor by tensor, then fused again
+    assert attn.qkv_weight.dtype == torch.float64
+    assert attn.qkv_weight.data_ptr() == attn.q_proj.weight.data_ptr()
+    draft.float()
+    draft.zero_grad()
+    draft(ids, hidden, pos).logits.sum().backward()  # gradients enabled: the concatenated path
+    assert attn.v_proj.weight.grad is not None and attn.v_proj.weight.grad.abs().sum() > 0
+    save_draft(draft, contract, tmp_path / "fused")  # shared storage is copied apart for safetensors
+    loaded = load_draft(tmp_path / "fused")[0]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, hidden, pos).logits, draft(ids, hidden, pos).logits)

@@ -123,6 +123,25 @@ CASES = [
         2,
         says=("--precision: expected one of auto, bf16, fp32", "'fp8'"),
     ),
+    # the draft MLP width: one option, one check, for `draft init` and `train`
+    Case(
+        "inputs:draft-init-mlp-width-0",
+        f"draft init {TARGET} --out {{ws}}/d0 --draft-intermediate-size 0",
+        2,
+        says=("--draft-intermediate-size: expected >= 1 (the draft layer's MLP width)", "got 0"),
+    ),
+    Case(
+        "inputs:draft-init-mlp-width-48",
+        f"draft init {TARGET} --out {{ws}}/d48 --draft-intermediate-size 48",
+        0,
+        says=("48",),
+    ),
+    Case(
+        "inputs:train-mlp-width-negative",
+        f"train {TARGET} --data {{ws}}/qs/data/train --out {{ws}}/run --draft-intermediate-size -3",
+        2,
+        says=("--draft-intermediate-size: expected >= 1 (the draft layer's MLP width)", "got -3"),
+    ),
     Case(
         "inputs:data-build-limit-0",
         f"{BUILD} --input {{ws}}/qs/data/train.jsonl --limit 0",

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from eaglewire.cli.common import parse_int_list, print_table
-from eaglewire.cli.flags import one_of
+from eaglewire.cli.flags import check_draft_mlp, draft_mlp_option, one_of
 from eaglewire.output_marker import OutputKind
 from eaglewire.outputs import check_output_dir, fresh_output
 
@@ -32,9 +32,7 @@ def init(
     vocab_map: Path = typer.Option(
         None, "--vocab-map", help="vocab map from `eaglewire data vocab` (safetensors)"
     ),
-    draft_intermediate_size: int = typer.Option(
-        None, "--draft-intermediate-size", help="the draft layer's MLP width (default: the target's)"
-    ),
+    draft_intermediate_size: int = draft_mlp_option(),
     dtype: str = typer.Option("float32", "--dtype", help="dtype to run the target in for the fingerprint"),
     seed: int = typer.Option(0, "--seed"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
@@ -46,6 +44,7 @@ def init(
 ) -> None:
     """Write config.json + model.safetensors + contract.json for a fresh draft."""
     check_output_dir(out, OutputKind.DRAFT, force=force)  # first: a refusal costs nothing
+    check_draft_mlp(draft_intermediate_size)
 
     import torch
 

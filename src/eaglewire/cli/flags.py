@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import typer
+
 from eaglewire.cli.config_options import ConfigOptions, FieldOption
 from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs  # no torch: spec_args is pure
 from eaglewire.errors import ConfigError
@@ -114,3 +116,17 @@ SPEC_OPTIONS = ConfigOptions(
 def spec_args_from_options(options: Mapping[str, Any]) -> SpecArgs:
     """`SpecArgs` from a command's SPEC_OPTIONS (see `spec_args_from_flags`)."""
     return spec_args_from_flags(**{r.param: options[r.param] for r in SPEC_OPTIONS.resolved})
+
+
+DRAFT_MLP_FLAG = "--draft-intermediate-size"
+
+
+def draft_mlp_option(when: str = "") -> Any:
+    """The draft MLP width option of `draft init` and `train` (the quickstart's is its preset field)."""
+    return typer.Option(
+        None, DRAFT_MLP_FLAG, help=f"{when}the draft layer's MLP width (default: the target's)"
+    )
+
+
+def check_draft_mlp(value: int | None) -> None:
+    at_least(DRAFT_MLP_FLAG, value, 1, "the draft layer's MLP width")

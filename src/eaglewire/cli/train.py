@@ -21,7 +21,7 @@ from eaglewire.cli.common import (
     resolve_device,
 )
 from eaglewire.cli.config_options import ConfigOptions, FieldOption, field_value
-from eaglewire.cli.flags import at_least, bare_message, one_of, rename_fields
+from eaglewire.cli.flags import bare_message, check_draft_mlp, draft_mlp_option, one_of, rename_fields
 from eaglewire.errors import ConfigError
 from eaglewire.train.config import TRAIN_CONFIG_FILE, TrainConfig  # no torch: a dataclass module
 
@@ -99,11 +99,7 @@ def train_command(
     vocab_map: Path = typer.Option(
         None, "--vocab-map", help="without --draft-init: `eaglewire data vocab` output"
     ),
-    draft_intermediate_size: int = typer.Option(
-        None,
-        "--draft-intermediate-size",
-        help="without --draft-init: the draft layer's MLP width (default: the target's)",
-    ),
+    draft_intermediate_size: int = draft_mlp_option("without --draft-init: "),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     target_dtype: str = typer.Option(
         None, "--target-dtype", help="dtype of the online target (default bf16 on GPU)"
@@ -124,7 +120,7 @@ def train_command(
     else:
         base = TrainConfig()
     cfg = config_with_flags(base, TRAIN_OPTIONS.given(options))
-    at_least("--draft-intermediate-size", draft_intermediate_size, 1, "the draft layer's MLP width")
+    check_draft_mlp(draft_intermediate_size)
     one_of("--target-dtype", target_dtype, ("float32", "bfloat16", "float16"))
     from eaglewire.train.distributed import init_distributed, shutdown_distributed
     from eaglewire.train.run import run_training

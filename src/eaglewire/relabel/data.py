@@ -31,8 +31,8 @@ from eaglewire.doctor.diagnosis import key_text
 from eaglewire.errors import BoundaryError, ConfigError, ContractMismatchError, DataFormatError
 from eaglewire.io_utils import atomic_write_json
 from eaglewire.output_marker import MARKER_FILE, OutputKind, read_marker, update_marker
-from eaglewire.target.identity import compute_fingerprint, target_identity
-from eaglewire.target.loading import LoadedTarget, dtype_name
+from eaglewire.target.identity import build_contract, target_identity
+from eaglewire.target.loading import LoadedTarget
 from eaglewire.typed_config import read_json_file, to_dict
 
 log = logging.getLogger(__name__)
@@ -75,16 +75,9 @@ def requested_final(
 def contract_on_target(
     target: LoadedTarget, aux: Sequence[int], final: FinalState, *, fingerprint: bool = True
 ) -> Contract:
-    """The contract for `aux` and `final` built on the live target: its identity, its dtype and a
-    fingerprint taken on it (so its labels are the states' real boundaries on that target)."""
-    aux = validate_boundaries(aux, target.num_layers, what="--aux-boundaries")
-    return Contract(
-        target=target_identity(target),
-        aux_boundaries=aux,
-        final=final,
-        dtype=dtype_name(target.dtype),
-        fingerprint=compute_fingerprint(target, aux, final) if fingerprint else None,
-    )
+    """The contract for `aux` and `final` built on the live target (so its fingerprint's labels are
+    the states' real boundaries on that target)."""
+    return build_contract(target, aux, final=final, fingerprint=fingerprint, what="--aux-boundaries")
 
 
 def identity_differences(declared: Contract, target: LoadedTarget) -> list[str]:

@@ -101,12 +101,21 @@ def build_contract(
     aux_boundaries: Sequence[int] | None = None,
     *,
     final_norm: NormSide = "pre",
+    final: FinalState | None = None,
     fingerprint: bool = True,
+    what: str = "aux boundaries",
 ) -> Contract:
-    """The contract for capturing `aux_boundaries` (default `[2, L//2, L-3]`) from `target`."""
+    """The contract for capturing `aux_boundaries` (default `[2, L//2, L-3]`) from `target`, with its
+    identity, dtype and a fingerprint taken on it. The final state is boundary L on the `final_norm`
+    side unless `final` names another (a relabel keeps its data's); `what` names the boundaries in a
+    refusal (a flag, as typed)."""
     L = target.num_layers
-    aux = validate_boundaries(aux_boundaries, L) if aux_boundaries is not None else default_boundaries(L)
-    final = FinalState(boundary=L, norm=final_norm)
+    aux = (
+        validate_boundaries(aux_boundaries, L, what=what)
+        if aux_boundaries is not None
+        else default_boundaries(L)
+    )
+    final = final if final is not None else FinalState(boundary=L, norm=final_norm)
     return Contract(
         target=target_identity(target),
         aux_boundaries=aux,

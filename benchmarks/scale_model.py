@@ -260,6 +260,11 @@ def replay(
         "plain_seconds": plain_s,
         "plain_tok_s": tokens / plain_s,
         "projected_speedup": plain_s / spec_s,
+        # the trace's tau over all its prompts at the measured round cost (rounds cost the same
+        # whatever they accept): the speed-up at the acceptance the trained draft measured
+        "projected_speedup_at_trace_tau": None
+        if ts.tau_recorded is None
+        else ts.tau_recorded / ((spec_s - prefill_s) / max(rounds, 1)) * (plain_s / max(tokens, 1)),
     }
 
 
@@ -375,6 +380,12 @@ def summary_keys(shape: str, rows: list[dict[str, Any]], parts: dict[str, Any]) 
         f"projected_{s}_speedup_tree_setting": None if best_tree is None else best_tree["setting"],
         f"projected_{s}_speedup_chain": None if chain is None else chain["projected_speedup"],
         f"projected_{s}_speedup_chain_setting": None if chain is None else chain["setting"],
+        f"projected_{s}_speedup_tree_at_trace_tau": None
+        if best_tree is None
+        else best_tree["projected_speedup_at_trace_tau"],
+        f"projected_{s}_speedup_chain_at_trace_tau": None
+        if chain is None
+        else chain["projected_speedup_at_trace_tau"],
         f"draft_step_over_floor_{s}": draft["chain 5x1x6"]["step_over_floor"],
         f"verify128_over_decode1_{s}": parts["verify_over_decode"].get("128"),
     }
@@ -390,15 +401,18 @@ def markdown(result: dict[str, Any]) -> str:
         "replay a trained draft's accepted paths; only the acceptance is measured on a real draft.",
         "",
         "| setting | trace (file, method) | tau trained | tau replayed | same-length rounds | round ms "
-        "| projected tok/s | plain tok/s | projected speed-up |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| projected tok/s | plain tok/s | projected speed-up | at the trained tau |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["settings"]:
         tau = "-" if r["tau_recorded"] is None else f"{r['tau_recorded']:.2f}"
+        at = r["projected_speedup_at_trace_tau"]
+        at_tau = "-" if at is None else f"{at:.2f}x"
         lines.append(
             f"| {r['setting']} | {Path(r['source']).parent.name}/{Path(r['source']).name}, {r['method']} "
             f"| {tau} | {r['tau_replayed']:.2f} | {r['rounds_same_length']:.0%} | {r['round_ms']:.2f} "
-            f"| {r['projected_tok_s']:.1f} | {r['plain_tok_s']:.1f} | {r['projected_speedup']:.2f}x |"
+            f"| {r['projected_tok_s']:.1f} | {r['plain_tok_s']:.1f} | {r['projected_speedup']:.2f}x "
+            f"| {at_tau} |"
         )
     fm = parts["forward_ms"]
     lines += [

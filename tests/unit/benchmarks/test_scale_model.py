@@ -129,6 +129,10 @@ def test_tiny_end_to_end(tmp_path):
     sets = read_traces([tmp_path / "tiny_bench.json"], None)
     assert sorted(result["trace_tau"].values()) == sorted(ts.tau_recorded for ts in sets)
     chain = next(r for r in result["settings"] if r["settings"]["topk"] == 1)
+    # at the trace's own tau: tau_recorded tokens per round at the measured round and plain costs
+    plain_ms = chain["plain_seconds"] / chain["new_tokens"] * 1000
+    expected = chain["tau_recorded"] / chain["round_ms"] * plain_ms
+    assert result["projected_tiny_speedup_chain_at_trace_tau"] == pytest.approx(expected, rel=1e-6)
     assert chain["replayed_exactly"] == 1.0 and chain["rounds"] == chain["rounds_recorded"]
     assert "Projection" in done.stdout and done.stdout.rstrip().endswith("|")
     # the draft parts with fused weights and (before) concatenated per forward, the extra tree timed too

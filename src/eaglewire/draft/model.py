@@ -79,26 +79,64 @@ class DraftOutput:
     logits: torch.Tensor  # [B, T, Vd]
 
 
-def fuse_linears(module: nn.Module, name: str, linears: list[nn.Linear]) -> None:
-    """Store the linears' weights as one tensor, `module.<name>` (a non-persistent buffer), each
-    weight becoming a view of its rows: the same values and parameters (state dict, optimizer and
-    in-place loads see no change), one copy in memory, and no concatenation per forward."""
-    with torch.no_grad():
-        fused = torch.cat([m.weight for m in linears])  # [sum of out, in]
-        for m, rows in zip(linears, fused.split([m.out_features for m in linears]), strict=True):
-            m.weight.data = rows
-    setattr(module, name, fused)
+class StackedLinears(nn.Module):
+    """A module that multiplies some of its linears (`stacked_linears`, bias-free) as one matrix.
+
+    Training concatenates their weights in every forward (the product must reach the parameters).
+    For inference, `fuse_weights` stacks them once into the non-persistent buffer `stacked` and
+    makes each weight a view of its rows: the same values, parameters and state dict, one copy in
+    memory, and no weight copy per forward. Whatever replaces the weights afterwards (`.to()`, a
+    load with assign=True) stacks them again, so the buffer never goes stale; in-place loads write
+    through the views."""
+
+    stacked_linears: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stacked: torch.Tensor | None
+        self.register_buffer("stacked", None, persistent=False)
+        self.register_load_state_dict_post_hook(_restack_after_load)  # a function: modules stay picklable
+
+    def linears(self) -> list[nn.Linear]:
+        return [getattr(self, name) for name in self.stacked_linears]
+
+    def fuse_weights(self) -> None:
+        if self.stacked is None:  # once: CUDA graphs captured since read this very tensor
+            self._stack()
+
+    def stacked_weight(self) -> torch.Tensor:
+        """[sum of out_features, in_features]: the buffer when inferring, else a concatenation."""
+        if self.stacked is not None and not torch.is_grad_enabled():
+            return self.stacked
+        return torch.cat([m.weight for m in self.linears()])
+
+    def _stack(self) -> None:
+        linears = self.linears()
+        with torch.no_grad():
+            stacked = torch.cat([m.weight for m in linears])
+            for m, rows in zip(linears, stacked.split([m.out_features for m in linears]), strict=True):
+                m.weight.data = rows
+        self.stacked = stacked
+
+    def _restack(self) -> None:
+        if self.stacked is not None and self.linears()[0].weight.data_ptr() != self.stacked.data_ptr():
+            self._stack()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+        super()._apply(fn, recurse)
+        if self.stacked is not None:  # each tensor was converted apart: stack again
+            self._stack()
+        return self
 
 
-def joined_weight(fused: torch.Tensor | None, linears: list[nn.Linear]) -> torch.Tensor:
-    """The linears' weights stacked: the fused tensor when inferring, else a concatenation (with
-    gradients enabled the product must reach the parameters themselves)."""
-    if fused is not None and not torch.is_grad_enabled():
-        return fused
-    return torch.cat([m.weight for m in linears])
+def _restack_after_load(module: nn.Module, _keys: object) -> None:
+    assert isinstance(module, StackedLinears)
+    module._restack()
 
 
-class DraftAttention(nn.Module):
+class DraftAttention(StackedLinears):
+    stacked_linears = ("q_proj", "k_proj", "v_proj")
+
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -109,18 +147,6 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(wide, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(wide, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.qkv_weight: torch.Tensor | None  # [q; k; v] once fused (see fuse_weights)
-        self.register_buffer("qkv_weight", None, persistent=False)
-
-    def fuse_weights(self) -> None:
-        if self.qkv_weight is None:  # once: CUDA graphs captured since read the fused tensor
-            fuse_linears(self, "qkv_weight", [self.q_proj, self.k_proj, self.v_proj])
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
-        super()._apply(fn, recurse)
-        if self.qkv_weight is not None:  # .to() and friends convert each tensor apart: fuse again
-            fuse_linears(self, "qkv_weight", [self.q_proj, self.k_proj, self.v_proj])
-        return self
 
     def forward(
         self,
@@ -132,10 +158,9 @@ class DraftAttention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        # One matrix product for q, k and v: a drafting step has ~8 rows, so each product is a
+        # One matrix product for q, k and v: a drafting step has ~8 rows, so each product costs a
         # kernel's latency or its weight bytes. The tensor names stay q/k/v_proj.
-        qkv_weight = joined_weight(self.qkv_weight, [self.q_proj, self.k_proj, self.v_proj])
-        q, k, v = F.linear(x, qkv_weight).split([q_width, kv_width, kv_width], dim=-1)
+        q, k, v = F.linear(x, self.stacked_weight()).split([q_width, kv_width, kv_width], dim=-1)
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, T, hd]
         k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -144,29 +169,17 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-class DraftMLP(nn.Module):
+class DraftMLP(StackedLinears):
+    stacked_linears = ("gate_proj", "up_proj")  # one product, as q/k/v in DraftAttention
+
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None  # [gate; up] once fused (see fuse_weights)
-        self.register_buffer("gate_up_weight", None, persistent=False)
-
-    def fuse_weights(self) -> None:
-        if self.gate_up_weight is None:
-            fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
-        super()._apply(fn, recurse)
-        if self.gate_up_weight is not None:
-            fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # gate and up in one product, as q/k/v in DraftAttention
-        gate_up = joined_weight(self.gate_up_weight, [self.gate_proj, self.up_proj])
-        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        gate, up = F.linear(x, self.stacked_weight()).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

@@ -187,20 +187,27 @@ def test_fused_weights_are_the_parameters_themselves(tmp_path):
     keys = list(draft.state_dict())
     draft.fuse_weights()
     attn, mlp = draft.layer.self_attn, draft.layer.mlp
-    fused = (attn.qkv_weight, mlp.gate_up_weight)
+    fused = (attn.stacked, mlp.stacked)
     draft.fuse_weights()  # a second Drafter of the same draft: captured graphs keep their tensors
-    assert (attn.qkv_weight, mlp.gate_up_weight) == fused
+    assert (attn.stacked, mlp.stacked) == fused
     assert dict(draft.named_parameters()) == params and list(draft.state_dict()) == keys
     assert attn.k_proj.weight.data_ptr() != attn.q_proj.weight.data_ptr()
-    assert attn.qkv_weight is not None and attn.qkv_weight.data_ptr() == attn.q_proj.weight.data_ptr()
+    assert attn.stacked is not None and attn.stacked.data_ptr() == attn.q_proj.weight.data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(draft(ids, hidden, pos).logits, before, rtol=0, atol=0)
         mlp.up_proj.weight.mul_(2)  # an in-place change of a parameter is a change of the fused tensor
-    assert mlp.gate_up_weight is not None
-    torch.testing.assert_close(mlp.gate_up_weight[mlp.gate_proj.out_features :], mlp.up_proj.weight)
+    assert mlp.stacked is not None
+    torch.testing.assert_close(mlp.stacked[mlp.gate_proj.out_features :], mlp.up_proj.weight)
     draft.to(torch.float64)  # converted tensor by tensor, then fused again
-    assert attn.qkv_weight.dtype == torch.float64
-    assert attn.qkv_weight.data_ptr() == attn.q_proj.weight.data_ptr()
+    assert attn.stacked.dtype == torch.float64
+    assert attn.stacked.data_ptr() == attn.q_proj.weight.data_ptr()
+    # a load that replaces the parameters (assign=True) stacks them again: no stale buffer
+    replaced = {k: v * 3 if v.is_floating_point() else v for k, v in draft.state_dict().items()}
+    draft.load_state_dict(replaced, assign=True)
+    assert attn.stacked.data_ptr() == attn.q_proj.weight.data_ptr()
+    torch.testing.assert_close(
+        attn.stacked[: attn.q_proj.out_features], replaced["layer.self_attn.q_proj.weight"]
+    )
     draft.float()
     draft.zero_grad()
     draft(ids, hidden, pos).logits.sum().backward()  # gradients enabled: the concatenated path
@@ -209,3 +216,21 @@ def test_fused_weights_are_the_parameters_themselves(tmp_path):
     loaded = load_draft(tmp_path / "fused")[0]
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids, hidden, pos).logits, draft(ids, hidden, pos).logits)
+
+
+def test_a_fused_draft_pickles_and_copies():
+    """torch.save of a whole module and deepcopy (what multiprocessing and checkpoints may do) keep
+    working after fuse_weights, and the copy stays fused."""
+    import copy
+    import io
+
+    target = make_tiny_target(ARCHITECTURES[0])
+    draft = init_draft(target, build_contract(target)).eval()
+    draft.fuse_weights()
+    buffer = io.BytesIO()
+    torch.save(draft, buffer)
+    buffer.seek(0)
+    for other in (torch.load(buffer, weights_only=False), copy.deepcopy(draft)):
+        attn = other.layer.self_attn
+        assert attn.stacked is not None
+        torch.testing.assert_close(attn.stacked[: attn.q_proj.out_features], attn.q_proj.weight)

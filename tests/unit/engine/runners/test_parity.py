@@ -12,6 +12,7 @@ from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.errors import BoundaryError, ConfigError, UnsupportedArchitectureError
 from eaglewire.target.capture import capture
 from eaglewire.target.loading import LoadedTarget
+from tests.helpers.tiny import make_tiny_target
 from tests.unit.engine.runners.tiny_targets import tiny
 
 ATOL = 1e-4
@@ -117,3 +118,37 @@ def test_input_errors_name_the_tensor() -> None:
 def test_non_llama_architecture_is_refused_by_the_fast_runner() -> None:
     with pytest.raises(UnsupportedArchitectureError, match="recompute runner"):
         FastTargetRunner(tiny("deepseek_v3", 2), (1,), max_batch_size=1, max_seq_len=8)
+
+
+def test_the_runtime_holds_no_copy_of_the_models_weights() -> None:
+    """The stacked q/k/v and gate/up are the model's own storage (its weights become views of their
+    rows): the runtime adds no weight bytes, and the model computes exactly what it did. A runtime
+    in another dtype keeps a copy and leaves the model alone."""
+    from eaglewire.engine.runners.fast.weights import LAYER_FIELDS
+
+    target = make_tiny_target("llama", num_layers=3)  # its own: the runner changes storage layout
+    model, L = target.model, target.num_layers
+    ids = torch.randint(0, target.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
+    final = FinalState(L, "pre")
+    before = capture(model, ids, aux_boundaries=(1, L), final=final, return_logits=True)
+    params = dict(model.named_parameters())
+    other = FastTargetRunner(target, (1, L), max_batch_size=1, max_seq_len=32, dtype=torch.float64)
+    assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
+    runner = FastTargetRunner(target, (1, L), max_batch_size=1, max_seq_len=32)
+    assert dict(model.named_parameters()) == params  # the same parameter objects
+    w = runner.weights
+    tensors = [w.embed, w.lm_head, w.final_norm, *(t for layer in w.layers for t in layer if t is not None)]
+    model_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert {t.untyped_storage().data_ptr() for t in tensors} <= model_storages
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv, gate_up = (w.layers[0][LAYER_FIELDS.index(name)] for name in ("qkv", "gate_up"))
+    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == qkv[w.spec.q_width + w.spec.kv_width :].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == gate_up[w.spec.intermediate_size :].data_ptr()
+    after = capture(model, ids, aux_boundaries=(1, L), final=final, return_logits=True)
+    torch.testing.assert_close(after.logits, before.logits, atol=0, rtol=0)
+    for r in (runner, other):
+        r.reset(1)
+        torch.testing.assert_close(
+            r.forward(ids, _positions(1, 9)).logits, before.logits.float(), atol=ATOL, rtol=0
+        )

@@ -100,22 +100,24 @@ def build_contract(
     target: LoadedTarget,
     aux_boundaries: Sequence[int] | None = None,
     *,
-    final_norm: NormSide = "pre",
+    final_norm: NormSide | None = None,
     final: FinalState | None = None,
     fingerprint: bool = True,
     what: str = "aux boundaries",
 ) -> Contract:
     """The contract for capturing `aux_boundaries` (default `[2, L//2, L-3]`) from `target`, with its
     identity, dtype and a fingerprint taken on it. The final state is boundary L on the `final_norm`
-    side unless `final` names another (a relabel keeps its data's); `what` names the boundaries in a
-    refusal (a flag, as typed)."""
+    side (default pre-norm), or `final` as given (a relabel keeps its data's); not both. `what` names
+    the boundaries in a refusal (a flag, as typed)."""
+    if final is not None and final_norm is not None:
+        raise ValueError(f"build_contract: final={final} and final_norm={final_norm!r} both given; pass one")
     L = target.num_layers
     aux = (
         validate_boundaries(aux_boundaries, L, what=what)
         if aux_boundaries is not None
         else default_boundaries(L)
     )
-    final = final if final is not None else FinalState(boundary=L, norm=final_norm)
+    final = final if final is not None else FinalState(boundary=L, norm=final_norm or "pre")
     return Contract(
         target=target_identity(target),
         aux_boundaries=aux,

@@ -60,3 +60,19 @@ def test_different_target_matches_nothing(target):
     other = make_tiny_target("llama", num_layers=12, seed=1)
     with pytest.raises(FingerprintMismatchError, match="matches no boundary"):
         check_fingerprint(contract, other)
+
+
+def test_the_final_state_is_given_one_way(target):
+    """build_contract takes the final state as a norm side (boundary L) or as a FinalState, not both;
+    a refusal of the aux list names it as the caller says (`what`, e.g. a flag)."""
+    from eaglewire.contract.contract import FinalState
+    from eaglewire.errors import BoundaryError
+
+    L = target.num_layers
+    given = build_contract(target, [1, 2], final=FinalState(L - 1, "pre"), fingerprint=False)
+    assert given.final == FinalState(L - 1, "pre") and given.aux_boundaries == (1, 2)
+    assert build_contract(target, [1, 2], fingerprint=False).final == FinalState(L, "pre")
+    with pytest.raises(ValueError, match="both given"):
+        build_contract(target, [1, 2], final=FinalState(L, "pre"), final_norm="post", fingerprint=False)
+    with pytest.raises(BoundaryError, match="--aux-boundaries"):
+        build_contract(target, [1, L + 5], what="--aux-boundaries", fingerprint=False)

@@ -24,6 +24,7 @@ from torch import nn
 from eaglewire.draft.config import DraftConfig
 from eaglewire.nn.rmsnorm import RMSNorm
 from eaglewire.nn.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from eaglewire.nn.stacked import stack_in_place
 
 
 class DraftKV(Protocol):
@@ -111,12 +112,7 @@ class StackedLinears(nn.Module):
         return torch.cat([m.weight for m in self.linears()])
 
     def _stack(self) -> None:
-        linears = self.linears()
-        with torch.no_grad():
-            stacked = torch.cat([m.weight for m in linears])
-            for m, rows in zip(linears, stacked.split([m.out_features for m in linears]), strict=True):
-                m.weight.data = rows
-        self.stacked = stacked
+        self.stacked = stack_in_place(self.linears())
 
     def _restack(self) -> None:
         if self.stacked is not None and self.linears()[0].weight.data_ptr() != self.stacked.data_ptr():

@@ -17,6 +17,7 @@ from torch import nn
 
 from eaglewire.errors import UnsupportedArchitectureError
 from eaglewire.nn.rope import rope_inv_freq
+from eaglewire.nn.stacked import stack_in_place
 from eaglewire.target.architectures import LLAMA_FAMILY, check_architecture, sliding_window_of, target_parts
 
 SUPPORTED_ACTIVATIONS = ("silu",)
@@ -102,14 +103,9 @@ def stack_linears(linears: list[Any], dtype: torch.dtype | None) -> torch.Tensor
     of its rows, so the runtime and the Hugging Face model hold one copy between them: a second
     copy of q/k/v and gate/up would be 9.1 GB at the Llama-3.1-8B shape in bf16 (log §2zg). The
     values do not change, and the model runs as before."""
-    weights: list[torch.Tensor] = [m.weight for m in linears]  # nn.Linear (transformers' layers)
-    with torch.no_grad():
-        stacked = torch.cat([w.detach() for w in weights])
-    if dtype is not None and stacked.dtype != dtype:
-        return stacked.to(dtype)  # the runtime's own dtype: a copy either way
-    for m, rows in zip(linears, stacked.split([w.shape[0] for w in weights]), strict=True):
-        m.weight.data = rows
-    return stacked
+    if dtype is not None and linears[0].weight.dtype != dtype:  # the runtime's own dtype: a copy
+        return torch.cat([m.weight.detach() for m in linears]).to(dtype)
+    return stack_in_place(linears)
 
 
 def check_fast_supported(config: Any, max_seq_len: int) -> None:

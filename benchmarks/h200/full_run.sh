@@ -52,6 +52,10 @@
 #   traces      `eaglewire bench` runs whose bench.json keep each round's accepted tree nodes (TRACE_RUNS:
 #               "set:first-N:methods" or "set:N:tree=SxKxN" / "set:N:chain=K"): the headline user-eval row and the
 #               traces benchmarks/scale_model.py replays at the 8B shape
+#   batch_bench every method at batch sizes 1..64 through the batched engine (`bench --batch-sizes`), the
+#               speed-up per size measured and predicted, the batch rule written into the draft
+#   single_ab   batch-1 bench of plain/chain/tree with the carried earlier src (.pristine/src) and this one
+#   scale_batch benchmarks/scale_batch.py: round cost per batch size at the 8B shape, projected at batch_bench's tau
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
 #
@@ -62,7 +66,8 @@
 # Knobs (environment): STEPS (which steps, in order), SMOL, PY, GPU_TESTS, LOOP_PROFILE_ARGS, ROUND_KERNELS_ARGS, CAPTURE_TIMEOUT_S, CAPTURE_MAX_TOKENS, CAPTURE_ARGS, CAPTURE_SHM, QS_TIMEOUT_S, QS_ARGS, QS_TRAIN_COMPILE, QS_TRAIN_FROM_SHARDS, QS_TTT_ATTENTION, TRAIN_PROFILE_ARGS, LABEL_AB_ARGS, LABEL_AB_SECONDS, LEVERS_ARGS, LEVERS_STEPS,
 # LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, CHAIN_BENCH_SETS, CONFIDENCE_ARGS, CONFIDENCE_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
-# SWEEP_EVAL_RECORDS, SERVED_ARGS, SERVED_TIMEOUT_S, TRACE_RUNS.
+# SWEEP_EVAL_RECORDS, SERVED_ARGS, SERVED_TIMEOUT_S, TRACE_RUNS, BATCH_SETS, BATCH_SIZES, BATCH_TOKENS, BATCH_TIMEOUT_S,
+# SINGLE_AB_PROMPTS, SCALE_BATCH_TAUS, SCALE_BATCH_SIZES, SCALE_BATCH_TIMEOUT_S.
 set -uo pipefail
 
 SMOL="${SMOL:-$HOME/smol}"
@@ -85,6 +90,7 @@ mkdir -p "$repo"
 if [ "$src_root" != "$(cd "$repo" && pwd -P)" ]; then
   items=(src benchmarks scripts pyproject.toml tests/__init__.py tests/helpers tests/unit/__init__.py tests/unit/engine tests/unit/data tests/unit/train tests/gpu)
   for part in "$src_root"/.gguf_?; do [ -d "$part" ] && items+=("${part##*/}"); done # the last call's GGUF part
+  [ -d "$src_root/.pristine/src" ] && items+=(.pristine/src) # an earlier commit's src, for single_ab
   tar -C "$src_root" --exclude=__pycache__ --exclude=benchmarks/results -cf - "${items[@]}" | tar -C "$repo" -xf - \
     || { say "copy into $repo failed"; exit 1; }
   say "copied ${items[*]} from $src_root into $repo"
@@ -437,6 +443,66 @@ do_traces() {
   return "$rc"
 }
 
+do_batch_bench() {
+  # Every method at every batch size through the batched engine (eaglewire bench --batch-sizes), the
+  # speed-up per size measured and predicted from the round costs, and the batch rule written into the
+  # draft (BATCH_SETS: set:first-N, 0 = all; BATCH_SIZES; BATCH_TOKENS new tokens per request).
+  local d spec name n rc=0 tokens=${BATCH_TOKENS:-128} sizes=${BATCH_SIZES:-1,2,4,8,16,32,64}
+  local sets=${BATCH_SETS:-mt-bench:0 user-eval:0}
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: batch_bench skipped"; return 1; }
+  [ "$TINY" = 1 ] && { tokens=8 sizes=1,2 sets=${BATCH_SETS:-user-eval:3}; }
+  for spec in $sets; do
+    name=${spec%%:*} n=${spec##*:}
+    [ -f "$results/batch_$name/batch_bench.json" ] && { say "batch bench $name already done"; continue; }
+    timeout "${BATCH_TIMEOUT_S:-480}" "$PY" -m eaglewire bench --target "$target" --draft "$d" --prompts "$name" \
+      --num-prompts "$n" --batch-sizes "$sizes" --chain-steps 5 --num-steps 8 --topk 12 --num-draft-tokens 128 \
+      --max-new-tokens "$tokens" --out "$runs/batch/$name" 2>&1 | grep --line-buffered -v "Loading weights" | tail -n 24
+    if [ "${PIPESTATUS[0]}" = 0 ]; then
+      mkdir -p "$results/batch_$name" && cp "$runs/batch/$name"/batch_{bench.json,bench.md,rule.json,speedup.png} "$results/batch_$name/"
+    else
+      rc=1
+    fi
+  done
+  return "$rc"
+}
+
+do_single_ab() {
+  # The single-request path before and after this change, in one run: batch-1 bench of plain, the chain of 5
+  # and the 8x12x128 tree on the first SINGLE_AB_PROMPTS MT-bench prompts, with the carried earlier src
+  # (.pristine/src) and with this src, alternating twice.
+  local d n=${SINGLE_AB_PROMPTS:-24} tokens=128 rc=0 which round
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: single_ab skipped"; return 1; }
+  [ -d "$repo/.pristine/src" ] || { say "no .pristine/src carried: single_ab skipped"; return 1; }
+  [ "$TINY" = 1 ] && { n=1 tokens=8; }
+  for round in 1 2; do
+    for which in before after; do
+      local src="$repo/src"
+      [ "$which" = before ] && src="$repo/.pristine/src"
+      PYTHONPATH="$SMOL/site:$src:$repo" timeout 300 "$PY" -m eaglewire bench --target "$target" --draft "$d" \
+        --prompts mt-bench --num-prompts "$n" --methods plain,eagle-chain,eagle-tree --chain-steps 5 --num-steps 8 \
+        --topk 12 --num-draft-tokens 128 --max-new-tokens "$tokens" --repeats 1 --no-plots --no-served-prediction \
+        --out "$runs/single_ab/${which}_$round" 2>&1 | grep -E "^\| (plain|eagle)" | sed "s/^/$which $round: /"
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      mkdir -p "$results/single_ab" && cp "$runs/single_ab/${which}_$round/bench.json" "$results/single_ab/${which}_$round.json" 2>/dev/null
+    done
+  done | tee "$results/single_ab.txt"
+  return "$rc"
+}
+
+do_scale_batch() {
+  # The round cost per batch size at the Llama-3.1-8B shape (random weights), projected at the taus the
+  # batch bench measured on MT-bench at batch 1 (SCALE_BATCH_TAUS overrides).
+  local taus=${SCALE_BATCH_TAUS:-}
+  if [ -z "$taus" ] && [ -f "$results/batch_mt-bench/batch_bench.json" ]; then
+    taus=$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1]))["rule"]["taus"]; print(",".join(f"{k}={v:.3f}" for k,v in r.items()))' "$results/batch_mt-bench/batch_bench.json")
+  fi
+  local tiny=()
+  [ "$TINY" = 1 ] && tiny=(--tiny)
+  timeout "${SCALE_BATCH_TIMEOUT_S:-420}" "$PY" benchmarks/scale_batch.py "${tiny[@]}" ${taus:+--taus "$taus"} \
+    --batch-sizes "${SCALE_BATCH_SIZES:-1,4,16,64}" --out "$results/scale_batch" 2>&1 | tail -n 20 | tee "$results/scale_batch.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 say "full_run: mode=$([ "$TINY" = 1 ] && echo tiny || echo gpu) SMOL=$SMOL repo=$repo py=$PY"
 step env do_env
 step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
@@ -445,7 +511,7 @@ step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests | served | traces)
+    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests | served | traces | batch_bench | single_ab | scale_batch)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

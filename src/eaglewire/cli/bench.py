@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from eaglewire.target.loading import LoadedTarget
 
 
+DEFAULT_METHODS = "plain,eagle-chain,eagle-tree,hf-generate,hf-prompt-lookup,hf-static-compiled"
+
+
 def _csv(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in values)
 
@@ -92,7 +95,7 @@ def bench(
     num_prompts: int = typer.Option(0, "--num-prompts", help="use the first N prompts (0 = all)"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="tokens generated per prompt at most"),
     methods: str = typer.Option(
-        "plain,eagle-chain,eagle-tree,hf-generate,hf-prompt-lookup,hf-static-compiled",
+        DEFAULT_METHODS,
         "--methods",
         help="comma-separated methods to run, in order",
     ),
@@ -122,7 +125,12 @@ def bench(
         _csv(DEFAULT_NUM_DRAFT_TOKENS), "--sweep-num-draft-tokens", help="--sweep: tree sizes"
     ),
     batch_sizes: str = typer.Option(
-        "1", "--batch-sizes", help="--sweep: batch sizes (speculative runs at batch 1)"
+        "1",
+        "--batch-sizes",
+        help="batch sizes (concurrent requests). Without --sweep, more than '1' runs plain, eagle-chain and "
+        "eagle-tree at each through the batched engine, predicts the speed-up per size from the round costs "
+        "and writes the batch rule serve decodes by (--write-best: also into --draft/batch_rules/); "
+        "with --sweep: plain runs at each, speculative settings at batch 1",
     ),
     write_best: bool = typer.Option(
         True, "--write-best/--no-write-best", help="--sweep: write best_setting.json into --draft"
@@ -239,6 +247,14 @@ def bench(
         )  # fmt: skip
         return
 
+    sizes = _ints(batch_sizes, "--batch-sizes")
+    if sizes != (1,):
+        _batched(
+            loaded, draft, prompt_set, sizes, methods, chain_steps, num_steps, topk, num_draft_tokens,
+            max_new_tokens, warmup, not raw, command, out, plots, as_json, write_best,
+        )  # fmt: skip
+        return
+
     from eaglewire.bench.harness import BenchConfig, run_benchmark
 
     cfg = BenchConfig(
@@ -271,6 +287,52 @@ def bench(
         _greedy_finding(
             "speculative greedy output differs from plain greedy: " + "; ".join(ours_differ), dtype
         )
+
+
+def _batched(
+    loaded: LoadedTarget, draft: Path | None, prompt_set: PromptSet, sizes: tuple[int, ...], methods: str,
+    chain_steps: int, num_steps: int, topk: int, num_draft_tokens: int, max_new_tokens: int, warmup: int,
+    chat: bool, command: str, out: Path, plots: bool, as_json: bool, write_rule: bool,
+) -> None:  # fmt: skip
+    """`bench --batch-sizes`: every method at every batch size (`eaglewire.bench.batched`)."""
+    from eaglewire.bench.batched import BATCH_METHODS, BatchBenchConfig, run_batch_benchmark
+    from eaglewire.engine.spec_args import SpecArgs
+    from eaglewire.output_marker import OutputKind
+    from eaglewire.outputs import claim_output_dir
+    from eaglewire.predict.by_batch import rule_path
+
+    chosen = (
+        BATCH_METHODS
+        if methods == DEFAULT_METHODS
+        else tuple(m.strip() for m in methods.split(",") if m.strip())
+    )
+    if draft is None and methods == DEFAULT_METHODS:
+        chosen = ("plain",)
+    bad = [s for s in sizes if s < 1]
+    if bad:
+        raise ConfigError(f"--batch-sizes: expected positive integers, got {bad}")
+    cfg = BatchBenchConfig(
+        batch_sizes=tuple(sorted(set(sizes))),
+        methods=chosen,
+        chain=SpecArgs.chain(chain_steps),
+        tree=spec_args_from_flags(num_steps, topk, num_draft_tokens),
+        max_new_tokens=max_new_tokens,
+        warmup=warmup > 0,
+        chat=chat,
+    )
+    report = run_batch_benchmark(loaded, draft, prompt_set, cfg, command=command)
+    claim_output_dir(out, OutputKind.BENCH)
+    paths = report.write(out, plots=plots)
+    rule = report.rule()
+    if rule is not None:
+        paths.append(rule.save(out / "batch_rule.json"))
+        if write_rule and draft is not None and any(m != "plain" for m in chosen):
+            paths.append(rule.save(rule_path(draft, rule.device)))
+    if as_json:
+        print_json(report.to_json())
+    else:
+        typer.echo(report.markdown())
+        typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
 def _greedy_finding(what: str, dtype: str) -> None:

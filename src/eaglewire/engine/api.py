@@ -1,7 +1,8 @@
 """Python API: `SpeculativeDecoder(...).generate(prompt)` and `generate(target, draft, prompt)`.
 
-Speculative decoding here is batch 1 (one sequence at a time); batched generation is plain
-decoding's job. Greedy speculative output equals plain greedy output token for token; sampled
+`generate` decodes one sequence at a time (the single-request path); `generate_batch` and
+`batch_engine` decode many together (`engine.batch`: continuous batching, each row its own
+acceptance). Greedy speculative output equals plain greedy output token for token; sampled
 output follows the target's processed (temperature, top-p) distribution exactly.
 
     decoder = SpeculativeDecoder.load("smollm2", "runs/draft", spec=SpecArgs(5, 4, 8))
@@ -21,9 +22,12 @@ import torch
 from eaglewire.contract.contract import CONTRACT_FILE, Contract
 from eaglewire.draft.io import load_draft
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.engine.batch.drafter import BatchDrafter
+from eaglewire.engine.batch.engine import BatchEngine, BatchRequest, Policy
 from eaglewire.engine.decode_trace import DecodeTrace, RoundCallback
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.runners.factory import RunnerKind, make_runner
+from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.runners.protocol import TargetRunner
 from eaglewire.engine.sampling import SamplingParams, make_generator
 from eaglewire.engine.spec_args import DEFAULT_SPEC, SpecArgs
@@ -103,6 +107,7 @@ class SpeculativeDecoder:
         # one set of phase timers for every generate call: its CUDA events are reused across calls
         # (each call resets it), so a warm decoder allocates none in its round loop
         self.timers = PhaseTimers(enabled=True, device=runner.device)
+        self._batch_drafters: dict[int, BatchDrafter] = {}  # by max_rows: graphs stay captured
 
     @classmethod
     def load(
@@ -115,6 +120,7 @@ class SpeculativeDecoder:
         device: str = "cpu",
         runner: RunnerKind = "auto",
         max_seq_len: int | None = None,
+        max_batch_size: int = 1,
     ) -> SpeculativeDecoder:
         """Load a target and (optionally) a draft directory; check the draft's contract names this target.
         Without a draft the runner captures no aux states (plain decoding needs none)."""
@@ -131,7 +137,7 @@ class SpeculativeDecoder:
             check_draft_fits_target(contract, loaded)
             boundaries = contract.aux_boundaries
         return cls(
-            make_runner(loaded, boundaries, runner, max_seq_len=max_seq_len),
+            make_runner(loaded, boundaries, runner, max_seq_len=max_seq_len, max_batch_size=max_batch_size),
             draft_model,
             spec,
             tokenizer=loaded.tokenizer,
@@ -188,13 +194,27 @@ class SpeculativeDecoder:
             on_round=on_round,
         )
         decode_seconds = sum(v for k, v in trace.phase_seconds.items() if k != "prefill")
+        return self._result(
+            trace, prompt_ids, rule, use_draft=drafter is not None, decode_seconds=decode_seconds
+        )
+
+    def _result(
+        self,
+        trace: DecodeTrace,
+        prompt_ids: list[int],
+        rule: StopRule,
+        *,
+        use_draft: bool,
+        decode_seconds: float,
+    ) -> GenerationResult:
+        decode = self.tokenizer is not None
         text = rule.final_text(self._decode(trace.token_ids), trace.finish_reason) if decode else ""
         return GenerationResult(
             text=text,
             token_ids=list(trace.token_ids),
             finish_reason=trace.finish_reason,
             tau=sum(trace.emitted_per_round) / max(trace.num_verifications, 1),
-            per_position_acceptance=_per_position(trace, self.spec.num_steps) if drafter else [],
+            per_position_acceptance=_per_position(trace, self.spec.num_steps) if use_draft else [],
             tokens_per_s=len(trace.token_ids) / decode_seconds if decode_seconds > 0 else float("inf"),
             phase_times=trace.phase_seconds,
             num_verifications=trace.num_verifications,
@@ -203,6 +223,91 @@ class SpeculativeDecoder:
             emitted_per_round=list(trace.emitted_per_round),
             accepted_paths=[list(p) for p in trace.accepted_paths],
         )
+
+    def batch_engine(
+        self, max_rows: int, *, policy: Policy | None = None, use_draft: bool = True
+    ) -> BatchEngine:
+        """A continuous-batching engine over this decoder's runner for up to `max_rows` requests at
+        once (`engine.batch.engine`). The runner is shared with `generate`: use one or the other at
+        a time. policy: the setting per number of running rows (None: the decoder's spec always)."""
+        if not isinstance(self.runner, FastTargetRunner):
+            raise ConfigError(
+                f"batched speculative decoding needs the fast runtime; this target runs on {type(self.runner).__name__}",
+                fix="a Llama-family target (--runner fast), or --max-batch 1",
+            )
+        drafter = None
+        if self.draft is not None and use_draft:
+            drafter = self._batch_drafters.get(max_rows)
+            if drafter is None:
+                drafter = BatchDrafter(
+                    self.draft, self.spec, max_rows=max_rows, max_seq_len=self.runner.max_seq_len
+                )
+                self._batch_drafters[max_rows] = drafter
+        return BatchEngine(self.runner, drafter, max_rows=max_rows, policy=policy)
+
+    def batch_request(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        stop: Sequence[str] = (),
+        chat: bool = True,
+        on_round: RoundCallback | None = None,
+    ) -> BatchRequest:
+        """The `BatchRequest` that `generate` with these arguments would decode."""
+        prompt_ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        decode = None if self.tokenizer is None else self._decode
+        rule = StopRule(max_new_tokens, self.eos_token_ids, tuple(stop), decode)
+        return BatchRequest(prompt_ids, rule, sampling, on_round)
+
+    def result_of(self, request: BatchRequest, trace: DecodeTrace, decode_seconds: float) -> GenerationResult:
+        """A finished batched request as `generate` reports it (decode_seconds: its share of time)."""
+        return self._result(
+            trace,
+            request.prompt_ids,
+            request.stop,
+            use_draft=self.draft is not None,
+            decode_seconds=decode_seconds,
+        )
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        max_batch: int,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        stop: Sequence[str] = (),
+        chat: bool = True,
+        use_draft: bool = True,
+        policy: Policy | None = None,
+    ) -> list[GenerationResult]:
+        """`generate` for every prompt, up to `max_batch` decoding together; results in prompt order."""
+        engine = self.batch_engine(max_batch, policy=policy, use_draft=use_draft)
+        requests = [
+            self.batch_request(p, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat)
+            for p in prompts
+        ]
+        for request in requests:
+            engine.submit(request)
+        outcomes = {}
+        while not engine.idle:
+            for outcome in engine.step():
+                outcomes[id(outcome.request)] = outcome
+        results = []
+        for request in requests:
+            o = outcomes[id(request)]
+            results.append(
+                self._result(
+                    o.trace,
+                    request.prompt_ids,
+                    request.stop,
+                    use_draft=engine.drafter is not None,
+                    decode_seconds=o.finished_at - o.started_at,
+                )
+            )
+        return results
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

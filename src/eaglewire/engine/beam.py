@@ -63,22 +63,22 @@ def top_k_log_probs_for(device: torch.device, *, fused: bool | None = None) -> T
 
 
 def stable_ranks(scores: torch.Tensor) -> torch.Tensor:
-    """scores [C] -> [C] int64: each entry's place in a stable descending sort (equal scores keep
-    their order). All pairs are compared at once: for the few hundred candidates of a round that
-    is one fused kernel on a GPU, where a sort is a radix sort of several (and torch.compile
-    cannot fuse it)."""
-    C = scores.shape[0]
+    """scores [..., C] -> [..., C] int64: each entry's place in a stable descending sort of its row
+    (equal scores keep their order). All pairs are compared at once: for the few hundred
+    candidates of a round that is one fused kernel on a GPU, where a sort is a radix sort of
+    several (and torch.compile cannot fuse it). Leading dims are independent rows (batched drafting)."""
+    C = scores.shape[-1]
     order = torch.arange(C, device=scores.device)
-    higher = scores[None, :] > scores[:, None]  # [C, C]: [i, j] = j outranks i
-    earlier_tie = (scores[None, :] == scores[:, None]) & (order[None, :] < order[:, None])
-    return (higher | earlier_tie).sum(dim=1)
+    higher = scores[..., None, :] > scores[..., :, None]  # [..., C, C]: [i, j] = j outranks i
+    earlier_tie = (scores[..., None, :] == scores[..., :, None]) & (order[None, :] < order[:, None])
+    return (higher | earlier_tie).sum(dim=-1)
 
 
 def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """scores [C] -> [k] indices of the k best, best first, equal scores in index order (as
-    `torch.sort(scores, descending=True, stable=True).indices[:k]`)."""
+    """scores [..., C] -> [..., k] indices of each row's k best, best first, equal scores in index
+    order (as `torch.sort(scores, descending=True, stable=True).indices[..., :k]`)."""
     places = torch.arange(k, device=scores.device)
-    return (stable_ranks(scores)[None, :] == places[:, None]).int().argmax(dim=1)  # [k]
+    return (stable_ranks(scores)[..., None, :] == places[:, None]).int().argmax(dim=-1)  # [..., k]
 
 
 @dataclass

@@ -31,7 +31,7 @@ def supports_continuous(runner: Any) -> bool:
     return all(hasattr(runner, name) for name in ("reset_rows", "prefill_rows", "commit_rows"))
 
 
-def _prefill_groups(slots: list[int], prompts: list[list[int]]) -> list[tuple[list[int], list[list[int]]]]:
+def prefill_groups(slots: list[int], prompts: list[list[int]]) -> list[tuple[list[int], list[list[int]]]]:
     """Split (slot, prompt) pairs, longest prompt first, into groups whose padded size fits the
     prefill budget (a group is one forward of [k, its longest prompt])."""
     pairs = sorted(zip(slots, prompts, strict=True), key=lambda sp: -len(sp[1]))
@@ -85,7 +85,7 @@ def generate_continuous(
         if not slots:
             return
         runner.reset_rows(slots)
-        for group_slots, group in _prefill_groups(slots, [list(prompts[i]) for i in take]):
+        for group_slots, group in prefill_groups(slots, [list(prompts[i]) for i in take]):
             ids, lens = right_padded(group)
             k, T = ids.shape
             pos = torch.arange(T, device=dev).expand(k, T)

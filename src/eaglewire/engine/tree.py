@@ -127,43 +127,48 @@ def tree_from_parents(
 
 
 def ancestor_mask(parents: torch.Tensor, *, max_depth: int) -> torch.Tensor:
-    """parents [N] -> [N, N] bool ancestor-or-self mask, by following parent pointers `max_depth` times.
+    """parents [..., N] -> [..., N, N] bool ancestor-or-self mask, by following parent pointers
+    `max_depth` times (leading dims: independent trees, one per batch row).
 
     Runs as tensor ops only (no host synchronisation), so it is cheap inside the decode loop.
     """
-    n = parents.shape[0]
-    mask = torch.eye(n, dtype=torch.bool, device=parents.device)
+    n = parents.shape[-1]
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device).expand(*parents.shape, n).clone()
     cursor = parents.clone()  # cursor[i] = the ancestor of i being visited (-1 = walked past the root)
     for _ in range(max_depth):
         alive = cursor >= 0
-        visit = torch.zeros_like(mask).scatter(1, cursor.clamp(min=0)[:, None], alive[:, None])  # [N, N]
+        visit = torch.zeros_like(mask).scatter(-1, cursor.clamp(min=0)[..., None], alive[..., None])
         mask |= visit
-        cursor = torch.where(alive, parents[cursor.clamp(min=0)], cursor)
+        cursor = torch.where(alive, parents.gather(-1, cursor.clamp(min=0)), cursor)
     return mask
 
 
 def select_nodes(
     scores: torch.Tensor, parents: torch.Tensor, num_select: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """EAGLE-2 reranking over a candidate pool.
+    """EAGLE-2 reranking over a candidate pool (leading dims: independent pools, one per batch row).
 
-    scores [C] cumulative draft log-probabilities; parents [C] index of each candidate's parent
-    candidate (-1 = the root); candidates are in creation order (a parent before its children).
+    scores [..., C] cumulative draft log-probabilities; parents [..., C] index of each candidate's
+    parent candidate (-1 = the root); candidates are in creation order (a parent before its children).
     Keeps the `num_select` best (ties to the earlier candidate) and returns
-    (kept [n] candidate indices in creation order, node_parents [n+1] parent pointers of the
+    (kept [..., n] candidate indices in creation order, node_parents [..., n+1] parent pointers of the
     resulting tree with the root as node 0 and kept[j] as node j + 1).
     """
-    C = scores.shape[0]
+    C = scores.shape[-1]
     if num_select > C:
         raise ValueError(f"num_select={num_select} exceeds the {C} candidates")
-    keep = stable_ranks(scores) < num_select  # [C] (no sort: see stable_ranks)
-    node_of = torch.where(keep, keep.cumsum(0), -1)  # candidate index -> node index (-1 = not kept)
+    keep = stable_ranks(scores) < num_select  # [..., C] (no sort: see stable_ranks)
+    node_of = torch.where(keep, keep.cumsum(-1), -1)  # candidate index -> node index (-1 = not kept)
     # kept candidates in creation order (parents before children); the others go to a spare slot
     slot = torch.where(keep, node_of - 1, num_select)
-    kept = torch.zeros(num_select + 1, dtype=torch.long, device=scores.device)
-    kept = kept.scatter(0, slot, torch.arange(C, device=scores.device))[:num_select]
-    kept_parents = parents[kept]
+    lead = scores.shape[:-1]
+    kept = torch.zeros(*lead, num_select + 1, dtype=torch.long, device=scores.device)
+    candidates = torch.arange(C, device=scores.device).expand(*lead, C)
+    kept = kept.scatter(-1, slot, candidates)[..., :num_select]
+    kept_parents = parents.gather(-1, kept)
     from_root = kept_parents < 0
-    node_parents = torch.where(from_root, torch.zeros_like(kept_parents), node_of[kept_parents.clamp(min=0)])
-    root = torch.full((1,), -1, dtype=parents.dtype, device=parents.device)
-    return kept, torch.cat([root, node_parents])
+    node_parents = torch.where(
+        from_root, torch.zeros_like(kept_parents), node_of.gather(-1, kept_parents.clamp(min=0))
+    )
+    root = torch.full((*lead, 1), -1, dtype=parents.dtype, device=parents.device)
+    return kept, torch.cat([root, node_parents], dim=-1)

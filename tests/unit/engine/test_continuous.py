@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglewire.engine.continuous import _prefill_groups, supports_continuous
+from eaglewire.engine.continuous import prefill_groups, supports_continuous
 from eaglewire.engine.plain import generate_plain_with_stats
 from eaglewire.engine.plain_parts import PREFILL_TOKEN_BUDGET
 from eaglewire.engine.runners.factory import make_runner
@@ -68,9 +68,9 @@ def test_row_subset_prefill_refuses_rows_in_use(target) -> None:  # type: ignore
     assert runner.lengths.tolist() == [0, 0]
 
 
-def test_prefill_groups_fit_the_budget() -> None:
+def testprefill_groups_fit_the_budget() -> None:
     long, short = [1] * (PREFILL_TOKEN_BUDGET // 2), [1] * 10
-    groups = _prefill_groups([0, 1, 2, 3], [short, long, long, short])
+    groups = prefill_groups([0, 1, 2, 3], [short, long, long, short])
     assert [g[0] for g in groups] == [[1, 2], [0, 3]]  # longest first; 2 x half the budget fit
     assert all(len(g[0]) * len(g[1][0]) <= PREFILL_TOKEN_BUDGET for g in groups)
 

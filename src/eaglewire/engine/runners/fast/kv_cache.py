@@ -179,6 +179,31 @@ class StaticKVCache:
         self._lengths[idx.to(self.device)] += add.to(self.device)
         self._upper[idx] += add
 
+    def resize(self, batch_size: int) -> None:
+        """Serve `batch_size` rows from now on, keeping rows 0..min(old, new)-1 as they are; rows
+        added are empty (a batched decoder grows and shrinks its batch-size bucket with this)."""
+        if not 1 <= batch_size <= self.max_batch_size:
+            raise ConfigError(
+                expected_actual("resize(batch_size)", f"1..max_batch_size={self.max_batch_size}", batch_size),
+                fix="build the runner with a larger max_batch_size",
+            )
+        old = self.batch_size
+        if batch_size > old:
+            self._lengths[old:batch_size] = 0
+            self._upper = torch.cat([self._upper, torch.zeros(batch_size - old, dtype=torch.long)])
+        else:
+            self._upper = self._upper[:batch_size].clone()
+        self.batch_size = batch_size
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row `src`'s tokens (every layer) and length into row `dst`; `src` becomes empty."""
+        self._check_rows([src, dst])
+        self.kv[:, dst] = self.kv[:, src]
+        self._lengths[dst] = self._lengths[src]
+        self._lengths[src] = 0
+        self._upper[dst] = self._upper[src]
+        self._upper[src] = 0
+
     def rows_empty(self, rows: list[int]) -> bool:
         """True when every row in `rows` is certainly empty (known on the host)."""
         return bool((self._upper[torch.tensor(rows, dtype=torch.long)] == 0).all())

@@ -202,6 +202,7 @@ class FastTargetRunner:
         logits_at: torch.Tensor | None = None,
         greedy: bool = False,
         length_bound: int | None = None,
+        copy_outputs: bool | None = None,
     ) -> TargetForward:
         """input_ids, positions [B, N]; tree_mask [B, N, N] bool or None (causal); logits_at [B]
         (optional, additive to the protocol): logits only at that new-token index of each row,
@@ -241,7 +242,8 @@ class FastTargetRunner:
             )
             forced = self.forced_acceptance
             return with_greedy(logits, aux, input_ids, tree_mask, greedy, positions, forced)
-        return self._replay(input_ids, positions, tree_mask, logits_at, window, greedy)
+        copy = self.copy_outputs if copy_outputs is None else copy_outputs
+        return self._replay(input_ids, positions, tree_mask, logits_at, window, greedy, copy)
 
     @torch.no_grad()
     def commit(self, accepted: torch.Tensor, num_accepted: torch.Tensor) -> None:
@@ -292,6 +294,16 @@ class FastTargetRunner:
     def commit_rows(self, rows: list[int], counts: list[int]) -> None:
         """Keep the first counts[i] tokens `prefill_rows` wrote into rows[i]."""
         self.cache.advance_rows(rows, counts)
+
+    def resize(self, batch_size: int) -> None:
+        """Forward `batch_size` rows from now on; rows 0..min(old, new)-1 keep their tokens, added
+        rows are empty (`StaticKVCache.resize`). CUDA graphs are per batch size, so a batched
+        decoder moves between a few bucket sizes with this instead of resetting."""
+        self.cache.resize(batch_size)
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Move row `src` (its cache and length) into row `dst`, leaving `src` empty."""
+        self.cache.move_row(src, dst)
 
     def sync_lengths(self) -> torch.Tensor:
         """Read lengths to the host (one sync) and tighten the attended window; returns [B] (CPU)."""
@@ -357,7 +369,7 @@ class FastTargetRunner:
         ids, pos = pad_prefill(input_ids.to(self.device), positions.to(self.device), width)  # [B, width]
         window = kv_bucket(width, self.cache.capacity)
         if self._graphs is not None:
-            fwd = self._replay(ids, pos, None, logits_at, window, greedy=False)
+            fwd = self._replay(ids, pos, None, logits_at, window, False, self.copy_outputs)
             logits, aux = fwd.logits, fwd.aux
         else:  # the same arithmetic eagerly (the CPU tests pin the padding with it)
             kv = self._kv_positions[:window]
@@ -434,6 +446,7 @@ class FastTargetRunner:
         logits_at: torch.Tensor | None,
         window: int,
         greedy: bool,
+        copy_outputs: bool,
     ) -> TargetForward:
         assert self._graphs is not None
         B, N = input_ids.shape
@@ -476,6 +489,6 @@ class FastTargetRunner:
         if logits_at is not None:
             values["logits_at"] = logits_at
         logits, aux, *paths = graph.run(values)
-        if self.copy_outputs:
+        if copy_outputs:
             logits, aux, paths = logits.clone(), aux.clone(), [p.clone() for p in paths]
         return TargetForward(logits=logits, aux=aux, greedy=paths[0] if paths else None)

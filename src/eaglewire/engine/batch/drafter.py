@@ -26,7 +26,7 @@ from typing import cast
 
 import torch
 
-from eaglewire.draft.model import Eagle3Draft, attend
+from eaglewire.draft.model import DraftOutput, Eagle3Draft, attend
 from eaglewire.engine.beam import top_indices, top_k_log_probs_for
 from eaglewire.engine.runners.fast.graphs import GraphCache, own_code
 from eaglewire.engine.runners.fast.kv_cache import kv_bucket
@@ -36,6 +36,8 @@ from eaglewire.engine.tree import ancestor_mask, select_nodes
 from eaglewire.errors import ConfigError, expected_actual
 
 log = logging.getLogger(__name__)
+
+RECOMPILE_LIMIT = 24  # compiled variants of the draft forward (see BatchDrafter._step)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,12 @@ class BatchDrafter:
                 torch._dynamo.mark_static(buffer)
         forward = types.MethodType(own_code(type(draft).forward), draft)
         self._forward = torch.compile(forward, dynamic=True) if self.compiled else draft.forward
+        if self.compiled:
+            # batch 1 or more, one token or more, extend or tree step: ~10 specialisations, past the
+            # default limit of 8 (beyond which dynamo runs new shapes uncompiled). The limit is
+            # read when a frame recompiles, process-wide (a patch around the calls did not hold).
+            dynamo_config = torch._dynamo.config
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         dev = self.device
         self._slots = torch.arange(self.capacity, device=dev)  # [capacity]
         self.committed = torch.zeros(max_rows, dtype=torch.long, device=dev)  # [Bmax] rows kept per row
@@ -326,14 +334,7 @@ class BatchDrafter:
         self.cache.write(0, positions, window)
         mask = self._slots[:window][None, None, :] <= positions[:, :, None]  # [B, P, W] causal per row
         picked = aux.to(self.dtype).gather(1, paths[:, :, None].expand(B, P, aux.shape[-1]))  # [B, P, A*Ht]
-        out = self._forward(
-            tokens,
-            self.draft.project(picked),
-            positions,
-            kv=self.cache,
-            mask=mask[:, None],
-            compute_logits=False,
-        )
+        out = self._step(tokens, self.draft.project(picked), positions, mask)
         last = (counts - 1).clamp(min=0)  # [B] the last real row (an idle row keeps its state)
         kept = out.hidden.gather(1, last[:, None, None].expand(B, 1, out.hidden.shape[-1]))  # [B, 1, H]
         live = (counts > 0)[:, None, None]
@@ -341,6 +342,17 @@ class BatchDrafter:
         logits = self.draft.compute_logits(kept)[:, 0].float()  # [B, Vd]
         self.last_logits[:B] = torch.where(live[:, 0], logits, self.last_logits[:B])
         self.committed[:B] += counts
+
+    def _step(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> DraftOutput:
+        """One draft forward of [B, T] rows (no logits: callers take the head where they need it, so
+        the compiled forward has one variant per batch-of-1 / tokens-of-1 case, not two)."""
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(mask, 2)  # the attended window varies from the first call
+        return self._forward(
+            tokens, hidden, positions, kv=self.cache, mask=mask[:, None], compute_logits=False
+        )
 
     def _draft_rows(
         self,
@@ -364,7 +376,7 @@ class BatchDrafter:
         )
         pool_q = [] if q is None else [q.view(B, K, -1)]
         index = torch.arange(K, device=dev).expand(B, K)  # pool index of each frontier node
-        scores, hidden = logp, self.last_hidden[:B].expand(B, K, -1)  # [B, K], [B, K, H]
+        scores, hidden = logp, self.last_hidden[:B].expand(B, K, -1).contiguous()  # [B, K], [B, K, H]
         sees = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # [B, K, R] tree rows each node sees
         size = K
         beam_rows = torch.arange(K * K, device=dev) // K  # [K*K] frontier row of each child
@@ -377,9 +389,10 @@ class BatchDrafter:
             in_tree = (tree_row >= 0) & (tree_row < R + K)
             seen = sees.gather(2, tree_row.clamp(0, R + K - 1)[:, None, :].expand(B, K, window))  # [B, K, W]
             mask = (tree_row < 0)[:, None, :] | (seen & in_tree[:, None, :])  # [B, K, W]
-            positions = (root_positions[:, None] + (depth - 1)).expand(B, K)  # [B, K]
-            out = self._forward(tokens, hidden, positions, kv=self.cache, mask=mask[:, None])
-            ids, logp, q = self._children(out.logits.reshape(B * K, -1), K, samplers)  # [B*K, K]
+            positions = (root_positions[:, None] + (depth - 1)).expand(B, K).contiguous()  # [B, K]
+            out = self._step(tokens, hidden, positions, mask)
+            logits = self.draft.compute_logits(out.hidden)  # [B, K, Vd]
+            ids, logp, q = self._children(logits.reshape(B * K, -1), K, samplers)  # [B*K, K]
             child_scores = (scores[:, :, None] + logp.view(B, K, K)).reshape(B, K * K)  # cumulative
             child_tokens = self.draft_to_target[ids].view(B, K * K)
             child_index = torch.arange(size, size + K * K, device=dev).expand(B, K * K)

@@ -474,7 +474,7 @@ do_single_ab() {
   d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: single_ab skipped"; return 1; }
   [ -d "$repo/.pristine/src" ] || { say "no .pristine/src carried: single_ab skipped"; return 1; }
   [ "$TINY" = 1 ] && { n=1 tokens=8; }
-  for round in 1 2; do
+  for round in $(seq "${SINGLE_AB_ROUNDS:-2}"); do
     for which in before after; do
       local src="$repo/src"
       [ "$which" = before ] && src="$repo/.pristine/src"

@@ -34,4 +34,22 @@ CASES = [
         2,
         says=("--sglang-version: expected a release number such as 0.5.23, got 'latest'",),
     ),
+    Case(
+        "serve:max-batch-zero",
+        "serve --target {ws}/target --max-batch 0",
+        2,
+        says=("--max-batch: expected >= 1 (requests decoded together), got 0",),
+    ),
+    Case(
+        "serve:max-batch-negative",
+        f"{SERVE} --target {{ws}}/target --draft {{ws}}/qs/train/draft --max-batch -4",
+        2,
+        says=("--max-batch: expected >= 1 (requests decoded together), got -4",),
+    ),
+    Case(
+        "serve:max-batch-on-the-hf-runner",
+        "serve --target {ws}/target --max-batch 4 --runner hf",
+        2,
+        says=("--max-batch 4 with --runner hf", "fix: use --runner auto or fast"),
+    ),
 ]

@@ -73,6 +73,12 @@ def doctor(
     num_prompts: int = typer.Option(
         None, "--num-prompts", help="with --served: send only the first N prompts"
     ),
+    concurrency: int = typer.Option(
+        1,
+        "--concurrency",
+        help="with --served: clients sending the prompts at once (a batching server's load, e.g. eaglewire serve "
+        "--max-batch 8); 1: one at a time. Not with --engine vllm (its counts are per request only one at a time)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
     """Check data vs target, draft vs target, draft vs data and serving settings; print a verdict.
@@ -112,6 +118,7 @@ def doctor(
         engine=engine,
         prompts=prompts,
         num_prompts=num_prompts,
+        concurrency=concurrency,
     )
     report = run_doctor(opts)
     if as_json:

@@ -64,7 +64,13 @@ def serve(
     max_queue: int = typer.Option(
         DEFAULT_MAX_QUEUE,
         "--max-queue",
-        help="requests that may wait while one decodes; one more is answered 503 with Retry-After",
+        help="requests that may wait while --max-batch decode; one more is answered 503 with Retry-After",
+    ),
+    max_batch: int = typer.Option(
+        1,
+        "--max-batch",
+        help="requests decoded together (continuous batching, each its own acceptance; 1: one at a time). "
+        "Above 1 the draft directory's batch rule for this device, when measured, picks where to decode plainly",
     ),
     **spec_options: int,
 ) -> None:
@@ -74,8 +80,8 @@ def serve(
     stop, seed), GET /v1/models, /health and /metrics (Prometheus text with vLLM's spec-decode
     counters). Each response carries SGLang's per-request speculative fields in sglext.spec_tokens_details.
 
-    Requests queue behind one speculative decoder (batch 1): one decodes, at most --max-queue wait, and
-    one more gets HTTP 503 with a Retry-After header. A client that disconnects cancels its request. A bad
+    Requests queue behind one speculative decoder: up to --max-batch decode together (default 1), at most
+    --max-queue wait, and one more gets HTTP 503 with a Retry-After header. A client that disconnects cancels its request. A bad
     request gets HTTP 400 with an OpenAI-style error body naming the field. Nothing is written to disk.
 
     Stops on Ctrl-C (exit 130, the CLI's "interrupted") or SIGTERM (exit 0), cancelling what is in flight.
@@ -88,6 +94,12 @@ def serve(
     one_of("--runner", runner, ("auto", "fast", "hf"))
     in_range("--port", port, 0, 65535, meaning="0 = any free port")
     at_least("--max-queue", max_queue, 0, "requests waiting behind the one decoding")
+    at_least("--max-batch", max_batch, 1, "requests decoded together")
+    if max_batch > 1 and runner == "hf":
+        raise ConfigError(
+            f"--max-batch {max_batch} with --runner hf: batched decoding runs on the fast runtime only",
+            fix="use --runner auto or fast (a Llama-family target), or --max-batch 1",
+        )
     at_least("--context-length", context_length, 2, "tokens a request may span")
     if not host:
         raise ConfigError("--host: empty", fix="use --host 127.0.0.1 (or 0.0.0.0 for every interface)")
@@ -129,6 +141,7 @@ def serve(
         device=device,
         runner=runner,  # type: ignore[arg-type]  # checked above
         context_length=context_length,
+        max_batch=max_batch,
     )
     served = load_served_model(options, served_model_name or target)
     status = run_server(

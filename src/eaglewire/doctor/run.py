@@ -78,6 +78,7 @@ class DoctorOptions:
     engine: str | None = None
     prompts: str | None = None
     num_prompts: int | None = None
+    concurrency: int = 1  # --served: clients sending at once
 
     def validate(self) -> None:
         from eaglewire.doctor.served_client import validate_served_flags

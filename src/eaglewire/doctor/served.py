@@ -1,7 +1,8 @@
 """`eaglewire doctor --served URL`: is a live deployment feeding the draft what it was trained on?
 
 1. Send the prompts (default: `default_prompts`, a mix of MT-bench first turns and held-out HumanEval
-   prompts), greedy, `max_tokens` each, one at a time, and read the served acceptance the engine's way
+   prompts), greedy, `max_tokens` each, one at a time (`--concurrency N`: from N clients at once, as a
+   batching server's load; per-response reports only, /metrics compared over all of them), and read the served acceptance the engine's way
    (`doctor.served_client`: SGLang per response, vLLM from /metrics deltas, eaglewire serve both, which
    must agree).
 2. Replay the served texts offline with the draft under its declared wiring: the engine's own drafter
@@ -42,7 +43,15 @@ from typing import TYPE_CHECKING, Any
 from eaglewire.bench.prompts import PromptSet, load_prompt_set
 from eaglewire.doctor.findings import Finding, fmt_list
 from eaglewire.doctor.miswirings import ServedFormat, ServedSetup, declared_spec
-from eaglewire.doctor.served_client import Engine, RoundCounts, ServedClient, ServerError, agreement
+from eaglewire.doctor.served_client import (
+    Engine,
+    RoundCounts,
+    ServedClient,
+    ServedResponse,
+    ServerError,
+    agreement,
+    pooled_agreement,
+)
 from eaglewire.doctor.served_compare import CHECK, ServedCheck, compare_served
 from eaglewire.doctor.served_replay import served_texts
 from eaglewire.engine.spec_args import SpecArgs
@@ -81,6 +90,9 @@ class ServedOptions:
     sglang_args: str | None = None  # the server's launch arguments, when given (the declared draft length)
     vllm_config: dict[str, Any] | None = None
     timeout: float = 600.0
+    concurrency: int = (
+        1  # clients sending at once (1: one request at a time, each with its /metrics increase)
+    )
 
     def prompt_set(self) -> PromptSet:
         if self.prompts is None:
@@ -194,9 +206,10 @@ def check_served(
         raise ConfigError("--num-prompts: no prompts to send", fix="pass --num-prompts 1 or more")
     client.model()  # reachable, and its model name (vLLM wants it in every request)
     log.info(
-        "sending %d prompts to %s (%s), max_tokens %d", len(prompts), client.url, opts.engine, opts.max_tokens
-    )
-    responses = [client.chat(p.prompt_id, p.chat(), max_tokens=opts.max_tokens) for p in prompts]
+        "sending %d prompts to %s (%s), max_tokens %d, %d at once",
+        len(prompts), client.url, opts.engine, opts.max_tokens, opts.concurrency,
+    )  # fmt: skip
+    responses, pooled_disagree = _send(client, prompts, opts)
     texts, text_notes = served_texts(responses, prompts, target, opts.engine)
     result.notes += text_notes
     ids_from = sorted({t.ids_from for t in texts})
@@ -211,7 +224,7 @@ def check_served(
         )
     )
     if opts.engine == "eaglewire":
-        disagree = [line for r in responses for line in agreement(r)]
+        disagree = [line for r in responses for line in agreement(r)] + pooled_disagree
         if disagree:
             result.findings.append(
                 Finding(
@@ -219,7 +232,8 @@ def check_served(
                     severity="error",
                     what="the server's two acceptance reports disagree (per response vs /metrics)",
                     declared="SGLang's sglext.spec_tokens_details per response",
-                    actual="vLLM's spec_decode counters' increase over the same request",
+                    actual="vLLM's spec_decode counters' increase over the same request"
+                    + ("" if opts.concurrency == 1 else "s (all of them: they were sent at once)"),
                     fix="report this: eaglewire serve must count each verification once in both",
                     details=tuple(disagree[:8]),
                 )
@@ -286,6 +300,29 @@ def check_served(
     )  # fmt: skip
 
 
+def _send(
+    client: ServedClient, prompts: Sequence[Any], opts: ServedOptions
+) -> tuple[list[ServedResponse], list[str]]:
+    """Every prompt's answer, in prompt order; from `opts.concurrency` clients at once when above 1 (then
+    /metrics is read around all of them: what it says is compared with the sum of the responses)."""
+    if opts.concurrency <= 1:
+        return [client.chat(p.prompt_id, p.chat(), max_tokens=opts.max_tokens) for p in prompts], []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with_metrics = opts.engine == "eaglewire"
+    before = client.metrics() if with_metrics else None
+    with ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="doctor-client") as pool:
+        responses = list(
+            pool.map(
+                lambda p: client.chat(p.prompt_id, p.chat(), max_tokens=opts.max_tokens, metrics=False),
+                prompts,
+            )
+        )
+    if before is None:
+        return responses, []
+    return responses, pooled_agreement(responses, before, client.metrics(), client.url)
+
+
 def trained_boundaries(source: DraftSource, target: LoadedTarget) -> tuple[tuple[int, ...], str]:
     """The aux boundaries the draft was trained on: its contract.json; an export without one, its engine's
     reading of its ids when every release reads them alike (then the served check can only find faults
@@ -342,6 +379,7 @@ def served_check_for(
         sglang_args=opts.sglang_args,
         vllm_config=vllm_config,
         timeout=client.timeout,
+        concurrency=getattr(opts, "concurrency", 1),
     )
     return check_served(
         served_opts, target=target, draft=draft_model, trained=trained, source=source, trained_from=trained_from,

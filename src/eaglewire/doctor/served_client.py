@@ -1,7 +1,11 @@
 """Talk to a live OpenAI-compatible server and read its speculative acceptance the way its engine reports it.
 
 No torch here, and no hand-written HTTP: requests go through the standard library's `urllib.request`,
-one at a time (the doctor sends its prompts in sequence, so that each response's counters are its own).
+one at a time by default (the doctor sends its prompts in sequence, so that each response's counters
+are its own). With `--concurrency N` they go from N clients at once (a batching server decodes them
+together): each response's own report still says its rounds (SGLang's, eaglewire serve's), but the
+server-wide /metrics can only be compared over all of them (`pooled_agreement`), and vLLM, which reports
+only there, needs one request at a time.
 
 What each engine reports, and where (`--engine`):
 
@@ -290,6 +294,30 @@ def agreement(response: ServedResponse) -> list[str]:
     return out
 
 
+def pooled_agreement(
+    responses: Sequence[ServedResponse],
+    before: Mapping[MetricKey, float],
+    after: Mapping[MetricKey, float],
+    url: str,
+) -> list[str]:
+    """`agreement` over requests sent at once: the sum of their per-response reports vs the /metrics
+    increase around all of them (nothing else may use the server meanwhile)."""
+    mine = [r.per_response for r in responses]
+    if not responses or any(c is None for c in mine):
+        return []
+    pooled = ServedResponse(
+        prompt_id=f"all {len(responses)} prompts",
+        text="",
+        finish_reason=None,
+        completion_tokens=sum(r.completion_tokens for r in responses),
+        prompt_ids=None,
+        output_ids=None,
+        per_response=RoundCounts.pooled(c for c in mine if c is not None),
+        metrics_delta=vllm_counts(before, after, url),
+    )
+    return agreement(pooled)
+
+
 def parse_chat_response(answer: Mapping[str, Any], prompt_id: str, engine: str, where: str) -> ServedResponse:
     """A non-streamed chat completion -> ServedResponse (with SGLang's per-response counts for sglang and
     eaglewire). Token ids where the server gave them: vLLM's (and eaglewire serve's) top-level
@@ -422,8 +450,11 @@ class ServedClient:
         raw, _ = self._request("GET", "/metrics")
         return parse_prometheus(raw.decode("utf-8", errors="replace"), f"{self.url}/metrics")
 
-    def chat(self, prompt_id: str, messages: list[dict[str, str]], *, max_tokens: int) -> ServedResponse:
-        """One greedy chat completion, with the engine's counters for it."""
+    def chat(
+        self, prompt_id: str, messages: list[dict[str, str]], *, max_tokens: int, metrics: bool = True
+    ) -> ServedResponse:
+        """One greedy chat completion, with the engine's counters for it (`metrics`: with its /metrics
+        increase; False when other requests run meanwhile, so that the increase is not its own)."""
         body: dict[str, Any] = {
             "model": self.model(),
             "messages": messages,
@@ -434,7 +465,7 @@ class ServedClient:
         }
         if self.engine in ("sglang", "eaglewire"):
             body["return_spec_tokens_details"] = True
-        before = self.metrics() if self.engine in ("vllm", "eaglewire") else None
+        before = self.metrics() if metrics and self.engine in ("vllm", "eaglewire") else None
         answer = self._json("POST", "/v1/chat/completions", body)
         after = self.metrics() if before is not None else None
         response = parse_chat_response(answer, prompt_id, self.engine, f"POST {self.url}/v1/chat/completions")
@@ -451,6 +482,8 @@ def validate_served_flags(opts: Any) -> None:
     if opts.served is None:
         given = [flag for flag, value in (("--engine", opts.engine), ("--prompts", opts.prompts),
                                           ("--num-prompts", opts.num_prompts)) if value is not None]  # fmt: skip
+        if getattr(opts, "concurrency", 1) != 1:
+            given.append("--concurrency")
         if given:
             raise ConfigError(
                 f"{', '.join(given)}: only used with --served URL", fix="add --served URL, or drop them"
@@ -476,6 +509,19 @@ def validate_served_flags(opts: Any) -> None:
     if opts.num_prompts is not None and opts.num_prompts < 1:
         raise ConfigError(
             f"--num-prompts: expected >= 1, got {opts.num_prompts}", fix="pass --num-prompts 1 or more"
+        )
+    concurrency = getattr(opts, "concurrency", 1)
+    if concurrency < 1:
+        raise ConfigError(
+            f"--concurrency: expected >= 1 (clients sending at once), got {concurrency}",
+            fix="pass --concurrency 1 (one request at a time) or more",
+        )
+    if concurrency > 1 and opts.engine == "vllm":
+        raise ConfigError(
+            f"--concurrency {concurrency} with --engine vllm: vLLM reports acceptance only in its server-wide "
+            "/metrics counters, so each request's counts are the increase around it, which needs one request "
+            "at a time",
+            fix="drop --concurrency with --engine vllm (or pass --concurrency 1)",
         )
     base_url(opts.served)
 

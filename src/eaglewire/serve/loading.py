@@ -53,16 +53,29 @@ class LoadOptions:
     device: str
     runner: RunnerKind
     context_length: int | None  # None: min(the target's max_position_embeddings, 4096)
+    max_batch: int = 1  # requests decoded together (`serve --max-batch`; > 1: `serve.batch_worker`)
 
 
 class ServedModel:
     """The decoder and everything a request needs before it is queued (thread-safe to read)."""
 
-    def __init__(self, decoder: SpeculativeDecoder, name: str, draft: DraftInfo, context_length: int) -> None:
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        name: str,
+        draft: DraftInfo,
+        context_length: int,
+        *,
+        max_batch: int = 1,
+        target: str = "",
+    ) -> None:
+        """max_batch: requests decoded together (the runner holds that many rows); target: as given."""
         self.decoder = decoder
         self.name = name
         self.draft = draft
         self.context_length = context_length
+        self.max_batch = max_batch
+        self.target = target
         self.vocab_size = int(decoder.runner.vocab_size)
         tok = decoder.tokenizer
         if tok is None:
@@ -156,6 +169,7 @@ class ServedModel:
             "draft_format": self.draft.format,
             "aux_boundaries": list(self.draft.aux_boundaries),
             "aux_reading": self.draft.reading,
+            "max_batch": self.max_batch,
             "speculative": None
             if not self.speculative
             else {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
@@ -214,12 +228,16 @@ def load_served_model(options: LoadOptions, name: str) -> ServedModel:
             info = DraftInfo(str(options.draft), "eaglewire", tuple(contract.aux_boundaries), "contract.json")
         else:
             draft_model, info = _load_export(options, kind, target)
-    runner = make_runner(target, info.aux_boundaries, options.runner, max_seq_len=context)
+    runner = make_runner(
+        target, info.aux_boundaries, options.runner, max_seq_len=context, max_batch_size=options.max_batch
+    )
     capacity = int(getattr(runner, "max_seq_len", context))
     decoder = SpeculativeDecoder(
         runner, draft_model, options.spec, tokenizer=target.tokenizer, eos_token_ids=target.eos_token_ids
     )
-    return ServedModel(decoder, name, info, min(capacity, context))
+    return ServedModel(
+        decoder, name, info, min(capacity, context), max_batch=options.max_batch, target=options.target
+    )
 
 
 def _draft_kind(directory: Path, engine: Engine) -> str:

@@ -12,7 +12,9 @@ this server unchanged:
     vllm:prompt_tokens_total, vllm:generation_tokens_total  tokens in / out (loggers.py 748, 799)
     vllm:request_success_total{finished_reason}            finished requests: stop | length | abort
                                                            | error (vllm/v1/engine/__init__.py FinishReason)
-    vllm:num_requests_running, vllm:num_requests_waiting   gauges: the one decode, the queue
+    vllm:num_requests_running{model_name,engine}          gauge: requests decoding now (up to --max-batch;
+                                                           loggers.py registers both gauges with vLLM's labels)
+    vllm:num_requests_waiting{model_name,engine}          gauge: requests queued behind them (--max-queue)
 
 The spec-decode counters exist only when a draft is loaded (vLLM registers them only with a
 speculative config: `vllm/v1/spec_decode/metrics.py` lines 211-213). Our own:

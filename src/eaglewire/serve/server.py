@@ -55,7 +55,16 @@ async def start_server(served: ServedModel, *, host: str, port: int, max_queue: 
         num_steps=None if spec is None else spec.num_steps,
         num_draft_tokens=None if spec is None else spec.num_draft_tokens,
     )
-    queue = DecodeQueue(served.decoder, max_queue, metrics)
+    queue: DecodeQueue
+    if served.max_batch > 1:
+        from eaglewire.serve.batch_worker import BatchDecodeQueue, batch_policy
+
+        policy = batch_policy(served.decoder, served.draft.path, served.target or served.name)
+        queue = BatchDecodeQueue(
+            served.decoder, max_queue, metrics, max_batch=served.max_batch, policy=policy
+        )
+    else:
+        queue = DecodeQueue(served.decoder, max_queue, metrics)
     await asyncio.get_running_loop().run_in_executor(None, queue.warm_up)
     app = build_app(served, queue, metrics)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
@@ -106,7 +115,7 @@ async def _serve(
             loop.add_signal_handler(sig, on_signal, sig)
         about = served.describe()
         log.info(
-            "serving %s: draft %s (%s, aux boundaries %s: %s), speculative %s, context %d tokens, queue %d",
+            "serving %s: draft %s (%s, aux boundaries %s: %s), speculative %s, context %d tokens, batch %d, queue %d",
             served.name,
             about["draft"],
             about["draft_format"],
@@ -114,6 +123,7 @@ async def _serve(
             about["aux_reading"],
             about["speculative"],
             served.context_length,
+            served.max_batch,
             max_queue,
         )
         log.info("listening on %s (Ctrl-C or SIGTERM stops)", server.url)

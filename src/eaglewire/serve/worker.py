@@ -4,6 +4,8 @@ Requests queue behind the decoder (batch 1): at most `max_queue` wait while one 
 is answered HTTP 503 with a `Retry-After` (seconds: the mean decode time so far times the requests
 ahead, at least 1). Decoding runs on a single dedicated thread, so the event loop keeps answering
 /health, /metrics and other clients meanwhile (torch releases the GIL in its kernels).
+`serve --max-batch N` (N > 1) decodes up to N together instead: `serve.batch_worker`, the same
+queue with a continuous-batching loop behind it (`max_batch` rows, then `max_queue` waiting).
 
 A job whose client goes away is cancelled: still waiting, it leaves the queue at once (its slot is
 free for the next request) and never decodes; decoding, it stops at the end of the current round
@@ -58,6 +60,8 @@ class Job:
 class DecodeQueue:
     """The decode thread and its bounded queue. `submit` from the event loop; `cancel` from anywhere."""
 
+    max_batch = 1  # requests decoding at once (`serve.batch_worker.BatchDecodeQueue`: more)
+
     def __init__(self, decoder: SpeculativeDecoder, max_queue: int, metrics: ServerMetrics) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue: expected >= 0, got {max_queue}")
@@ -69,6 +73,9 @@ class DecodeQueue:
         self._running = 0
         self._durations: deque[float] = deque(maxlen=32)
         self._by_id: dict[int, Job] = {}  # the jobs queued or decoding, for `cancel_all`
+        self._start_worker()
+
+    def _start_worker(self) -> None:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="eaglewire-decode"
         )
@@ -82,17 +89,17 @@ class DecodeQueue:
         return self._waiting
 
     def retry_after(self) -> int:
-        """Seconds until a slot is likely free: mean decode time x requests ahead (>= 1)."""
+        """Seconds until a slot is likely free: mean decode time x requests ahead / rows (>= 1)."""
         with self._lock:
             mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
             ahead = self._waiting + self._running
-        return max(1, min(RETRY_AFTER_MAX, math.ceil(mean * ahead)))
+        return max(1, min(RETRY_AFTER_MAX, math.ceil(mean * ahead / self.max_batch)))
 
     def submit(self, job: Job) -> asyncio.Future[GenerationResult | None]:
         """Queue `job` (RequestError 503 when the queue is full). The future's result is None when the
         job was cancelled before it started."""
         with self._lock:
-            full = self._waiting >= self.max_queue and self._running + self._waiting > 0
+            full = self._waiting >= self.max_queue and self._running + self._waiting >= self.max_batch
             if not full:
                 self._waiting += 1
                 job.state = "waiting"
@@ -100,15 +107,27 @@ class DecodeQueue:
                 self._by_id[id(job)] = job
         if full:
             retry = self.retry_after()
+            decoding = (
+                "one request is decoding"
+                if self.max_batch == 1
+                else f"{self.max_batch} requests are decoding (--max-batch {self.max_batch})"
+            )
             raise RequestError(
-                f"the server is busy: one request is decoding and {self.max_queue} wait (--max-queue "
+                f"the server is busy: {decoding} and {self.max_queue} wait (--max-queue "
                 f"{self.max_queue}); retry after {retry} s",
                 status=503,
                 type="server_overloaded",
                 code="queue_full",
                 headers={"Retry-After": str(retry)},
             )
-        return asyncio.wrap_future(self._executor.submit(self._run, job))
+        return asyncio.wrap_future(self._start(job))
+
+    def _start(self, job: Job) -> concurrent.futures.Future[GenerationResult | None]:
+        """Hand a queued job to the decode thread; the future resolves when it ends."""
+        return self._executor.submit(self._run, job)
+
+    def _dropped(self, job: Job) -> None:
+        """A waiting job was cancelled (under the lock): the batched queue takes it out of its line."""
 
     def cancel(self, job: Job) -> None:
         """The client went away: drop the job if it still waits, else stop it at the next round."""
@@ -119,6 +138,7 @@ class DecodeQueue:
                 job.state = "dropped"
                 self._waiting -= 1
                 self._by_id.pop(id(job), None)
+                self._dropped(job)
         if dropped:
             self.metrics.record_dropped()
 
@@ -155,20 +175,27 @@ class DecodeQueue:
         except BaseException:
             self.metrics.record_error()
             raise
-        else:  # every generation counts, a cancelled one too (its client is gone: nobody else records it)
-            self.metrics.record_generation(
-                prompt_tokens=len(job.prompt_ids),
-                completion_tokens=len(result.token_ids),
-                accepted_per_round=result.accepted_per_round,
-                finished=openai_finish_reason(result.finish_reason),
-            )
+        else:
+            self._record(job, result)
             return result
         finally:
-            with self._lock:
-                self._running -= 1
-                job.state = "done"
-                self._by_id.pop(id(job), None)
-                self._durations.append(time.monotonic() - job.started_at)
+            self._finished(job, time.monotonic() - job.started_at)
+
+    def _record(self, job: Job, result: GenerationResult) -> None:
+        """Every generation counts, a cancelled one too (its client is gone: nobody else records it)."""
+        self.metrics.record_generation(
+            prompt_tokens=len(job.prompt_ids),
+            completion_tokens=len(result.token_ids),
+            accepted_per_round=result.accepted_per_round,
+            finished=openai_finish_reason(result.finish_reason),
+        )
+
+    def _finished(self, job: Job, seconds: float) -> None:
+        with self._lock:
+            self._running -= 1
+            job.state = "done"
+            self._by_id.pop(id(job), None)
+            self._durations.append(seconds)
 
     def warm_up(self) -> None:
         """One short generation on the decode thread before the first request (the runtime's first

@@ -14,11 +14,11 @@ from tests.unit.serve.world import SPEC, World, http
 LISTENING = "eaglewire serve: listening on "
 
 
-def start(world: World, cwd: Path) -> subprocess.Popen[str]:
+def start(world: World, cwd: Path, *extra: str) -> subprocess.Popen[str]:
     cwd.mkdir()
     argv = [console_script(), "serve", "--target", str(world.target_dir), "--draft", str(world.draft_dir),
             "--port", "0", "--device", "cpu", "--served-model-name", "tiny", "--num-steps", str(SPEC.num_steps),
-            "--topk", str(SPEC.topk), "--num-draft-tokens", str(SPEC.num_draft_tokens)]  # fmt: skip
+            "--topk", str(SPEC.topk), "--num-draft-tokens", str(SPEC.num_draft_tokens), *extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLEWIRE_HOME": str(cwd.parent / f"{cwd.name}-home")}
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -33,9 +33,11 @@ def url_of(proc: subprocess.Popen[str]) -> str:
 
 
 def test_serve_answers_then_stops_on_a_signal(world: World, tmp_path: Path) -> None:
-    """Two servers side by side (start-up is most of the cost): one stopped by SIGINT, one by SIGTERM."""
+    """Two servers side by side (start-up is most of the cost): one stopped by SIGINT, one by SIGTERM;
+    the second decodes batched (--max-batch 2, the passing way of the flag its refusals test)."""
     expected = {signal.SIGINT: 130, signal.SIGTERM: 0}
-    procs = {sig: start(world, tmp_path / sig.name) for sig in expected}
+    extra = {signal.SIGINT: (), signal.SIGTERM: ("--max-batch", "2")}
+    procs = {sig: start(world, tmp_path / sig.name, *extra[sig]) for sig in expected}
     try:
         for sig, proc in procs.items():
             url = url_of(proc)
@@ -53,4 +55,5 @@ def test_serve_answers_then_stops_on_a_signal(world: World, tmp_path: Path) -> N
         assert proc.returncode == expected[sig], f"{sig.name}: {err[-3000:]}"
         assert "Traceback" not in err, err[-3000:]
         assert '"POST /v1/chat/completions" 200 prompt=' in err  # the access log
+        assert ("no batch rule measured" in err) == (sig == signal.SIGTERM), err[-3000:]
         assert list((tmp_path / sig.name).iterdir()) == []  # nothing written to the working directory

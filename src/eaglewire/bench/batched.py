@@ -5,9 +5,11 @@ batch size predicted from the round costs (`predict.by_batch`).
 Per batch size B and method, the prompt set (cycled to at least 2B requests, so the batch stays
 full for a while) is submitted at once to a `BatchEngine` of B rows; the run ends when the last
 request does. Reported: total generated tokens per second, per-request latency (submit -> last
-token: queueing included, as a client sees it), tau, and the median wall time of a round at
-bucket B (the cost table). A warm-up run of the first 2B requests captures each bucket's graphs
-first. Plain decoding runs through the same loop without a draft (what `serve` does where the
+token: queueing included, as a client sees it), tau, the median wall time of a round at bucket
+B (the cost table), and where the run's time went (rounds, prefills, the rest). The whole workload
+runs once untimed first, so that every bucket, prompt length and compiled variant the timed run
+meets has been met: a warm-up of fewer requests left later buckets' first captures in the timed
+run. Plain decoding runs through the same loop without a draft (what `serve` does where the
 rule says plain), so every method pays the same host bookkeeping per round.
 
 predicted speed-up(B) = tau * plain round(B) / round(B), tau taken from the smallest batch size
@@ -29,7 +31,7 @@ from eaglewire.bench.prompts import PromptSet, encode_prompt, prompt_set_kind
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.engine.batch.buckets import bucket_for
 from eaglewire.engine.batch.drafter import BatchDrafter
-from eaglewire.engine.batch.engine import BatchEngine, BatchRequest, Policy, setting_label
+from eaglewire.engine.batch.engine import BatchEngine, BatchRequest, Policy, RoundStats, setting_label
 from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.verify import StopRule
@@ -77,6 +79,15 @@ class BatchRun:
     tau: float
     round_seconds: float | None  # median wall seconds of a round at bucket `batch`
     matches_plain: int | None = None  # requests whose tokens equal plain's at this batch size
+    rounds: int = 0  # rounds of every bucket the run passed through
+    rounds_seconds: float = 0.0  # their wall seconds, summed
+    prefill_seconds: float = 0.0  # admissions: prefills of the target and the draft
+    slow_rounds: int = 0  # rounds at bucket `batch` over 3x its median (recompiles, captures, stalls)
+
+    @property
+    def other_seconds(self) -> float:
+        """What neither rounds nor prefills account for: submitting, resizing buckets, the loop."""
+        return max(self.seconds - self.rounds_seconds - self.prefill_seconds, 0.0)
 
     @property
     def tokens_per_s(self) -> float:
@@ -97,6 +108,11 @@ class BatchRun:
             "tau": self.tau,
             "round_seconds": self.round_seconds,
             "matches_plain": self.matches_plain,
+            "rounds": self.rounds,
+            "rounds_seconds": self.rounds_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "other_seconds": self.other_seconds,
+            "slow_rounds": self.slow_rounds,
         }
 
 
@@ -121,6 +137,15 @@ class BatchBenchReport:
             if r.method != "plain" and plain is not None and plain.tokens_per_s > 0:
                 out.setdefault(r.method, {})[r.batch] = r.tokens_per_s / plain.tokens_per_s
         return out
+
+    def greedy_differences(self) -> list[str]:
+        """'eagle-chain at batch 4: 2 of 40 requests' for each run whose tokens differ from plain's at
+        the same batch size (a bug in float32; near-ties may flip in bf16)."""
+        return [
+            f"{r.method} at batch {r.batch}: {r.requests - r.matches_plain} of {r.requests} requests"
+            for r in self.runs
+            if r.matches_plain is not None and r.matches_plain < r.requests
+        ]
 
     def rule(self) -> BatchRule | None:
         """The cost table of this run as a `BatchRule` (None without plain rounds to compare with)."""
@@ -192,6 +217,7 @@ class BatchBenchReport:
         spec_methods = [m for m in self.config.methods if m != "plain"]
         head = ["B", "plain tok/s"] + [f"{m} tok/s (x meas / x pred)" for m in spec_methods]
         head += [f"{m} p50 latency s" for m in self.config.methods]
+        head += [f"{m} time: rounds / prefill / other %" for m in self.config.methods]
         lines = [
             f"# batched decoding: {self.prompts} ({self.prompt_kind or 'file'}), {self.device}, {self.dtype}, "
             f"{self.config.max_new_tokens} new tokens, {self.date}",
@@ -211,6 +237,9 @@ class BatchBenchReport:
                 r = self.run(m, b)
                 p50 = None if r is None else r.to_json()["latency_p50_s"]
                 cells.append("-" if p50 is None else f"{p50:.2f}")
+            for m in self.config.methods:
+                r = self.run(m, b)
+                cells.append("-" if r is None else _shares(r))
             lines.append("| " + " | ".join(cells) + " |")
         if rule is not None:
             lines += ["", "```", rule.describe(), "```"]
@@ -230,6 +259,14 @@ class BatchBenchReport:
 
 def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def _shares(run: BatchRun) -> str:
+    """'71 / 9 / 20' (+ the slow rounds): where a run's wall time went, in percent."""
+    total = run.seconds or 1.0
+    parts = (run.rounds_seconds, run.prefill_seconds, run.other_seconds)
+    text = " / ".join(f"{100 * x / total:.0f}" for x in parts)
+    return text + (f", {run.slow_rounds} slow rounds" if run.slow_rounds else "")
 
 
 def _plot(report: BatchBenchReport, path: Path) -> Path | None:
@@ -324,8 +361,8 @@ def run_batch_benchmark(
                 runner, drafter if spec is not None else None, max_rows=batch, policy=_always(spec)
             )
             if cfg.warmup:
-                _decode(engine, workload[: 2 * batch], cfg.max_new_tokens, eos)
-            engine.stats.seconds.clear()
+                _decode(engine, workload, cfg.max_new_tokens, eos)
+            engine.stats = RoundStats()
             run, tokens = _timed(engine, workload, cfg.max_new_tokens, eos, method, batch, spec)
             if method == "plain":
                 plain_tokens[batch] = tokens
@@ -376,7 +413,9 @@ def _timed(
     traces = [outcomes[id(r)].trace for r in requests]
     rounds = sum(t.num_verifications for t in traces)
     emitted = sum(sum(t.emitted_per_round) for t in traces)
-    bucket_rounds = engine.stats.seconds.get((bucket_for(batch, batch), setting_label(spec)), [])
+    stats = engine.stats
+    bucket_rounds = stats.seconds.get((bucket_for(batch, batch), setting_label(spec)), [])
+    median = statistics.median(bucket_rounds) if bucket_rounds else None
     run = BatchRun(
         method=method,
         batch=batch,
@@ -385,6 +424,10 @@ def _timed(
         seconds=seconds,
         latencies=[outcomes[id(r)].finished_at - t0 for r in requests],
         tau=emitted / max(rounds, 1),
-        round_seconds=statistics.median(bucket_rounds) if bucket_rounds else None,
+        round_seconds=median,
+        rounds=sum(len(v) for v in stats.seconds.values()),
+        rounds_seconds=sum(sum(v) for v in stats.seconds.values()),
+        prefill_seconds=stats.prefill_seconds,
+        slow_rounds=0 if median is None else sum(x > 3 * median for x in bucket_rounds),
     )
     return run, [t.token_ids for t in traces]

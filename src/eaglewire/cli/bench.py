@@ -72,6 +72,9 @@ def _check_bench_flags(
             if bad:
                 raise ConfigError(f"{flag}: expected positive integers, got {text!r}")
         return
+    bad_sizes = [v for v in _ints(sweep_values["--batch-sizes"], "--batch-sizes") if v < 1]
+    if bad_sizes:
+        raise ConfigError(f"--batch-sizes: expected positive integers, got {bad_sizes}")
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     if "eagle-chain" in chosen:
         at_least("--chain-steps", chain_steps, 1, "draft tokens per round")
@@ -251,7 +254,7 @@ def bench(
     if sizes != (1,):
         _batched(
             loaded, draft, prompt_set, sizes, methods, chain_steps, num_steps, topk, num_draft_tokens,
-            max_new_tokens, warmup, not raw, command, out, plots, as_json, write_best,
+            max_new_tokens, warmup, not raw, command, out, plots, as_json, write_best, dtype,
         )  # fmt: skip
         return
 
@@ -292,7 +295,7 @@ def bench(
 def _batched(
     loaded: LoadedTarget, draft: Path | None, prompt_set: PromptSet, sizes: tuple[int, ...], methods: str,
     chain_steps: int, num_steps: int, topk: int, num_draft_tokens: int, max_new_tokens: int, warmup: int,
-    chat: bool, command: str, out: Path, plots: bool, as_json: bool, write_rule: bool,
+    chat: bool, command: str, out: Path, plots: bool, as_json: bool, write_rule: bool, dtype: str,
 ) -> None:  # fmt: skip
     """`bench --batch-sizes`: every method at every batch size (`eaglewire.bench.batched`)."""
     from eaglewire.bench.batched import BATCH_METHODS, BatchBenchConfig, run_batch_benchmark
@@ -333,6 +336,13 @@ def _batched(
     else:
         typer.echo(report.markdown())
         typer.echo("wrote " + ", ".join(str(p) for p in paths))
+    differ = report.greedy_differences()
+    if differ:
+        _greedy_finding(
+            "batched speculative greedy output differs from plain greedy at the same batch size: "
+            + "; ".join(differ),
+            dtype,
+        )
 
 
 def _greedy_finding(what: str, dtype: str) -> None:

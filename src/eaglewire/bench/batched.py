@@ -32,6 +32,7 @@ from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.engine.batch.buckets import bucket_for
 from eaglewire.engine.batch.drafter import BatchDrafter
 from eaglewire.engine.batch.engine import BatchEngine, BatchRequest, Policy, RoundStats, setting_label
+from eaglewire.engine.fits import ContextFit, model_positions
 from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.engine.verify import StopRule
@@ -327,8 +328,13 @@ def run_batch_benchmark(
     if not prompts:
         raise ConfigError(f"{prompt_set.name}: no prompts to run")
     rows = max(cfg.batch_sizes)
-    longest = max(len(p) for p in prompts) + cfg.max_new_tokens + cfg.tree.num_draft_tokens
-    seq_len = max_seq_len or longest
+    tree_tokens = max(cfg.chain.num_draft_tokens, cfg.tree.num_draft_tokens) if uses_draft else 0
+    positions = model_positions(target.config)
+    fit = ContextFit.of(positions=positions, capacity=max_seq_len, tree_tokens=tree_tokens)
+    lengths = [(p.prompt_id, len(ids)) for p, ids in zip(prompt_set.prompts, prompts, strict=True)]
+    fit.check_all(lengths, cfg.max_new_tokens, where=f"prompt set {prompt_set.name}")  # before any work
+    longest = max(n for _, n in lengths) + cfg.max_new_tokens + tree_tokens
+    seq_len = max_seq_len or (longest if positions is None else min(longest, positions))
     draft = contract = None
     boundaries: tuple[int, ...] = ()
     if draft_dir is not None and uses_draft:

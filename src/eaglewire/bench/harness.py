@@ -49,6 +49,7 @@ from eaglewire.bench.prompts import PromptSet, encode_prompt
 from eaglewire.bench.report import BenchReport, describe_device, now_iso
 from eaglewire.bench.results import MethodResult, PromptRun, fill_comparisons
 from eaglewire.bench.timing import Stopwatch
+from eaglewire.engine.fits import ContextFit, model_positions
 from eaglewire.engine.spec_args import SpecArgs
 from eaglewire.errors import ConfigError
 from eaglewire.predict.predictor import PredictionRow, TauPredictor, prediction_rows
@@ -108,6 +109,16 @@ class BenchConfig:
     def uses_draft(self) -> bool:
         return any(m in SPECULATIVE_METHODS for m in self.methods)
 
+    @property
+    def max_tree_tokens(self) -> int:
+        """Positions the widest method keeps for a draft tree (`engine.fits`): 0 without a speculative one."""
+        widths = [0]
+        if "eagle-chain" in self.methods:
+            widths.append(self.chain_spec().num_draft_tokens)
+        if "eagle-tree" in self.methods:
+            widths.append(self.tree_num_draft_tokens)
+        return max(widths)
+
     def chain_spec(self) -> SpecArgs:
         return SpecArgs.chain(self.chain_steps)
 
@@ -119,6 +130,15 @@ class BenchConfig:
 
 def spec_settings(spec: SpecArgs) -> dict[str, int]:
     return {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens}
+
+
+def check_set_fits(
+    fit: ContextFit, prompts: PromptSet, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int
+) -> None:
+    """Every prompt of the set (its ids as encoded) within `fit` with `max_new_tokens`; else a
+    ConfigError naming the set, the first prompt that does not fit and the lengths (`engine.fits`)."""
+    lengths = [(p.prompt_id, len(ids)) for p, ids in zip(prompts.prompts, prompt_ids, strict=True)]
+    fit.check_all(lengths, max_new_tokens, where=f"prompt set {prompts.name}")
 
 
 @dataclass
@@ -138,9 +158,22 @@ class Workload:
         ids = [encode_prompt(target.tokenizer, p, chat=chat) for p in prompts.prompts]
         return cls(target, prompts, ids, max_new_tokens, Stopwatch(target.device))
 
-    def max_seq_len(self, max_nodes: int) -> int:
-        """Room for the longest prompt, its answer and one verified tree."""
-        return max(len(p) for p in self.prompt_ids) + self.max_new_tokens + max_nodes + 1
+    def max_seq_len(self, max_nodes: int, *, capacity: int | None = None) -> int:
+        """Room for the longest prompt, its answer and one verified tree of `max_nodes` (0: plain only),
+        at most the target's positions. Every prompt is checked first (`engine.fits`): one that cannot
+        fit (in `capacity` too, a runner's max_seq_len when one is built) is a ConfigError naming it."""
+        self.check_fits(max_nodes, capacity=capacity)
+        room = max(len(p) for p in self.prompt_ids) + self.max_new_tokens + max_nodes + 1
+        positions = model_positions(self.target.config)
+        return room if positions is None else min(room, positions)
+
+    def check_fits(self, max_nodes: int, *, capacity: int | None = None) -> None:
+        """Every prompt + max_new_tokens + a tree of `max_nodes` within the target's positions (and
+        `capacity`), before anything is decoded; a ConfigError naming the first prompt that is not."""
+        fit = ContextFit.of(
+            positions=model_positions(self.target.config), capacity=capacity, tree_tokens=max_nodes
+        )
+        check_set_fits(fit, self.prompts, self.prompt_ids, self.max_new_tokens)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         return str(self.target.tokenizer.decode(list(ids), skip_special_tokens=True))
@@ -264,9 +297,11 @@ def run_benchmark(
             fix="pass --draft DIR",
         )
     work = Workload.build(target, prompts, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat)
-    nodes = max(cfg.tree_num_draft_tokens, cfg.chain_steps + 1) if cfg.uses_draft else 1
+    nodes = cfg.max_tree_tokens
     if engine is None:
         engine = load_engine(target, draft_dir, max_seq_len=work.max_seq_len(nodes))
+    else:  # one engine for several prompt sets: each set must fit the runner it was sized with
+        work.check_fits(nodes, capacity=engine.max_seq_len)
     results: dict[str, MethodResult] = {}
     for name in cfg.methods:
         fn, why, settings = method_fn(name, work, engine, cfg)

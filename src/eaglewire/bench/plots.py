@@ -5,6 +5,7 @@ acceptance.png    per-position acceptance of each speculative method
 phases.png        draft / verify / accept / host share of a speculative cycle (stacked bars)
 sweep.png         tokens/s and tau of every sweep setting
 prediction.png    predicted vs measured tau per sweep setting
+tau_by_context.png  tau and speed-up vs the mean prompt tokens of each prompt set (`bench.by_context`)
 """
 
 from __future__ import annotations
@@ -126,6 +127,40 @@ def plot_prediction(
     ax.set_xlabel("predicted tau (offline evaluation)")
     ax.set_ylabel("measured tau (engine)")
     ax.set_title("prediction check")
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_tau_by_context(
+    tau: Mapping[str, Sequence[tuple[float, float]]],
+    speedup: Mapping[str, Sequence[tuple[float, float]]],
+    title: str,
+    path: Path,
+) -> Path | None:
+    """tau (left) and speed-up over plain (right) against the prompt sets' mean prompt tokens, one
+    line per method: `tau` / `speedup` map a method to its (mean prompt tokens, value) points."""
+    if not any(tau.values()) and not any(speedup.values()):
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, series, label in (
+        (left, tau, "tau (tokens per verification)"),
+        (right, speedup, "speed-up over plain"),
+    ):
+        for method, points in series.items():
+            if points:
+                xs, ys = zip(*sorted(points), strict=True)
+                ax.plot(xs, ys, marker="o", label=method)
+        ax.set_xlabel("mean prompt tokens of the set")
+        ax.set_ylabel(label)
+        if series is speedup:
+            ax.axhline(1.0, color="#8C8C8C", linewidth=0.8)
+        if any(series.values()):
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no speculative method ran", ha="center", transform=ax.transAxes)
+    fig.suptitle(f"by context length: {title}")
     _save(fig, path)
     plt.close(fig)
     return path

@@ -8,9 +8,11 @@ Built-in names (every one is evaluation-only, never trained on):
 | `humaneval-eval` | `eaglewire.data.builtin.load_builtin("humaneval", split="eval")`          |
 | `mt-bench`       | first turns of the 80 MT-bench questions (package data, FastChat 0e6d3e4b) |
 | `user-eval`      | 84 instructions written for eaglewire in MT-bench's 8 categories (package data) |
+| `long-1k` .. `long-8k` | 12 prompts of about 1k / 2k / 4k / 8k tokens: joined conversations, code, documents (eaglewire.bench.long_prompts) |
 
 `mt-bench` and `user-eval` are user-like; `chitchat-eval` and `humaneval-eval` are held out from the
-training sets' own distribution, so their acceptance is higher than a user's prompts get.
+training sets' own distribution, so their acceptance is higher than a user's prompts get. The `long-*`
+sets (long-context held-out) give acceptance per prompt length; they keep every turn of a conversation.
 
 A JSONL file holds one row per line, in any of these shapes (detected per row):
 `{"prompt": "...", "system": "...", "category": "..."}`, OpenAI `{"messages": [...]}`, ShareGPT `{"conversations": [...]}`
@@ -33,13 +35,15 @@ from eaglewire.errors import ConfigError, DataFormatError
 MT_BENCH_FILE = "mt_bench_questions.jsonl"
 MT_BENCH_COUNT = 80
 USER_EVAL_FILE = "user_eval.jsonl"
-BUILTIN_PROMPT_SETS = ("chitchat-eval", "humaneval-eval", "mt-bench", "user-eval")
+LONG_CONTEXT_PROMPT_SETS = ("long-1k", "long-2k", "long-4k", "long-8k")
+BUILTIN_PROMPT_SETS = ("chitchat-eval", "humaneval-eval", "mt-bench", "user-eval", *LONG_CONTEXT_PROMPT_SETS)
 # Prompts written like a user's, not drawn from any training set's distribution: reports list them first.
 USER_LIKE_PROMPT_SETS = ("mt-bench", "user-eval")
 # Held out of the training sets' own distribution: their acceptance overstates what a user's prompts get.
 IN_DISTRIBUTION_PROMPT_SETS = ("chitchat-eval", "humaneval-eval")
 USER_LIKE = "user-like"
 IN_DISTRIBUTION = "in-distribution held-out"
+LONG_CONTEXT = "long-context held-out"
 _BUILTIN_DATA_SETS = {"chitchat-eval": "chitchat", "humaneval-eval": "humaneval"}
 
 
@@ -75,9 +79,11 @@ class PromptSet:
 
 
 def prompt_set_kind(name: str) -> str:
-    """How a report labels the built-in set `name`: USER_LIKE, IN_DISTRIBUTION, or '' (a file)."""
+    """How a report labels the built-in set `name`: USER_LIKE, IN_DISTRIBUTION, LONG_CONTEXT, or '' (a file)."""
     if name in USER_LIKE_PROMPT_SETS:
         return USER_LIKE
+    if name in LONG_CONTEXT_PROMPT_SETS:
+        return LONG_CONTEXT
     return IN_DISTRIBUTION if name in IN_DISTRIBUTION_PROMPT_SETS else ""
 
 
@@ -165,12 +171,23 @@ def load_user_eval() -> PromptSet:
     return PromptSet("user-eval", tuple(ordered))
 
 
+def load_long_prompts(name: str) -> PromptSet:
+    """`long-1k` .. `long-8k`: multi-turn histories kept whole (each ends with the user turn answered)."""
+    from eaglewire.bench.long_prompts import load_long_context
+
+    prompts = load_long_context(name.removeprefix("long-"))
+    return PromptSet(name, tuple(BenchPrompt(p.prompt_id, p.messages, p.kind) for p in prompts))
+
+
 def load_builtin_prompts(name: str) -> PromptSet:
-    """`chitchat-eval` / `humaneval-eval` (held-out splits of the data sets), `mt-bench` or `user-eval`."""
+    """`chitchat-eval` / `humaneval-eval` (held-out splits of the data sets), `mt-bench`, `user-eval`
+    or `long-1k` .. `long-8k`."""
     if name == "mt-bench":
         return load_mt_bench()
     if name == "user-eval":
         return load_user_eval()
+    if name in LONG_CONTEXT_PROMPT_SETS:
+        return load_long_prompts(name)
     if name not in _BUILTIN_DATA_SETS:
         raise ConfigError(f"unknown built-in prompt set {name!r}; known: {', '.join(BUILTIN_PROMPT_SETS)}")
     from eaglewire.data.builtin import load_builtin

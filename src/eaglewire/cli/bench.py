@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -93,7 +93,8 @@ def bench(
     prompts: str = typer.Option(
         "mt-bench",
         "--prompts",
-        help='mt-bench | user-eval | chitchat-eval | humaneval-eval | a JSONL file ({"prompt"}, messages, MT-bench rows)',
+        help="mt-bench | user-eval | chitchat-eval | humaneval-eval | long-1k | long-2k | long-4k | long-8k | a JSONL "
+        'file ({"prompt"}, messages, MT-bench rows)',
     ),
     num_prompts: int = typer.Option(0, "--num-prompts", help="use the first N prompts (0 = all)"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="tokens generated per prompt at most"),
@@ -197,7 +198,20 @@ def bench(
 
     # A rerun into its own report directory rewrites the reports (a cut sweep resumes there); anything else: refused
     check_resumable_dir(out, OutputKind.BENCH)
-    from eaglewire.bench.prompts import load_prompt_set
+    from eaglewire.bench.by_context import load_prompt_sets
+
+    prompt_sets = load_prompt_sets(prompts, num_prompts or None)  # every set read (and named) first
+    sizes = _ints(batch_sizes, "--batch-sizes")
+    if len(prompt_sets) > 1 and (sweep or sizes != (1,)):
+        raise ConfigError(
+            f"--prompts {prompts}: several prompt sets run the method table, one set at a time",
+            fix="pass one set to --prompts with --sweep or --batch-sizes",
+        )
+    if eval_data is not None and draft is None:
+        raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
+    from eaglewire.bench.by_context import check_before_loading
+    from eaglewire.bench.harness import BenchConfig
+    from eaglewire.bench.sweep_grid import sweep_settings
     from eaglewire.predict.heldout_trees import evaluate_predictor
     from eaglewire.predict.predictor import find_summary_predictor, load_summary_predictor
     from eaglewire.target.loading import load_target
@@ -206,10 +220,33 @@ def bench(
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     command = command_line(ctx)
-    prompt_set = load_prompt_set(prompts, num_prompts or None)
-    if eval_data is not None and draft is None:
-        raise ConfigError("--eval-data evaluates a draft", fix="pass --draft DIR")
-    loaded = load_target(target, dtype=dtype, device=device)  # once: the bench and the held-out prediction
+    cfg = BenchConfig(
+        max_new_tokens=max_new_tokens,
+        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        chain_steps=chain_steps,
+        tree_num_steps=num_steps,
+        tree_topk=topk,
+        tree_num_draft_tokens=num_draft_tokens,
+        warmup=warmup,
+        repeats=3 if repeats is None else repeats,
+        chat=not raw,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+        served_prediction=served_prediction,
+    ) if not sweep and sizes == (1,) else None  # fmt: skip
+    tokenizer = None
+    if cfg is not None or sweep:  # (--batch-sizes checks its prompts once its widest setting is chosen)
+        if cfg is not None:
+            tree_tokens = cfg.max_tree_tokens
+        else:
+            grid = [_ints(v, f) for v, f in ((sweep_num_steps, "--sweep-num-steps"), (sweep_topk, "--sweep-topk"),
+                                             (sweep_num_draft_tokens, "--sweep-num-draft-tokens"))]  # fmt: skip
+            tree_tokens = max((s.num_draft_tokens for s in sweep_settings(*grid)[0]), default=0)
+        # every prompt of every set against the target's positions, before its weights load
+        tokenizer = check_before_loading(
+            target, prompt_sets, max_new_tokens=max_new_tokens, tree_tokens=tree_tokens, chat=not raw
+        )
+    # once: the bench and the held-out prediction
+    loaded = load_target(target, dtype=dtype, device=device, tokenizer=tokenizer)
     predictor: TauPredictor | None = None
     if eval_data is not None:
         steps = max(_ints(sweep_num_steps, "--sweep-num-steps")) if sweep else max(chain_steps, num_steps)
@@ -245,44 +282,40 @@ def bench(
             served_prediction=served_prediction,
         )
         _sweep(
-            loaded, draft, prompt_set, sweep_cfg, predictor, command, out, plots, as_json, write_best, dtype,
+            loaded, draft, prompt_sets[0], sweep_cfg, predictor, command, out, plots, as_json, write_best, dtype,
             resume=sweep_resume,
         )  # fmt: skip
         return
 
-    sizes = _ints(batch_sizes, "--batch-sizes")
     if sizes != (1,):
         _batched(
-            loaded, draft, prompt_set, sizes, methods, chain_steps, num_steps, topk, num_draft_tokens,
+            loaded, draft, prompt_sets[0], sizes, methods, chain_steps, num_steps, topk, num_draft_tokens,
             max_new_tokens, warmup, not raw, command, out, plots, as_json, write_best, dtype,
         )  # fmt: skip
         return
 
-    from eaglewire.bench.harness import BenchConfig, run_benchmark
+    from eaglewire.bench.by_context import run_by_context
+    from eaglewire.bench.harness import run_benchmark
 
-    cfg = BenchConfig(
-        max_new_tokens=max_new_tokens,
-        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-        chain_steps=chain_steps,
-        tree_num_steps=num_steps,
-        tree_topk=topk,
-        tree_num_draft_tokens=num_draft_tokens,
-        warmup=warmup,
-        repeats=3 if repeats is None else repeats,
-        chat=not raw,
-        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-        served_prediction=served_prediction,
-    )
-    report = run_benchmark(loaded, draft, prompt_set, cfg, meta={"command": command}, predictor=predictor)
-    claim_output_dir(out, OutputKind.BENCH)
-    paths = report.write(out, plots=plots)
-    if as_json:
-        print_json(report.to_json())
+    assert cfg is not None
+    meta = {"command": command}
+    if len(prompt_sets) > 1:
+        by_context = run_by_context(loaded, draft, prompt_sets, cfg, meta=meta, predictor=predictor)
+        reports = by_context.sets
+        report_out: Any = by_context
     else:
-        typer.echo(report.markdown())
+        report_out = run_benchmark(loaded, draft, prompt_sets[0], cfg, meta=meta, predictor=predictor)
+        reports = {prompt_sets[0].name: report_out}
+    claim_output_dir(out, OutputKind.BENCH)
+    paths = report_out.write(out, plots=plots)
+    if as_json:
+        print_json(report_out.to_json())
+    else:
+        typer.echo(report_out.markdown())
         typer.echo("wrote " + ", ".join(str(p) for p in paths))
     ours_differ = [
-        f"{name}: {len(r.mismatches)} prompt(s)"
+        f"{name}{'' if len(reports) == 1 else f' on {set_name}'}: {len(r.mismatches)} prompt(s)"
+        for set_name, report in reports.items()
         for name, r in report.results.items()
         if name.startswith("eagle-") and r.mismatches
     ]

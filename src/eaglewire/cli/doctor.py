@@ -67,7 +67,8 @@ def doctor(
     prompts: str = typer.Option(
         None,
         "--prompts",
-        help="with --served: a JSONL prompt file or a built-in set (mt-bench, user-eval, humaneval-eval, chitchat-eval); "
+        help="with --served: a JSONL prompt file or a built-in set (mt-bench, user-eval, humaneval-eval, chitchat-eval, "
+        "long-1k, long-2k, long-4k, long-8k); "
         "default: 6 MT-bench first turns and 4 held-out HumanEval prompts",
     ),
     num_prompts: int = typer.Option(

@@ -16,7 +16,8 @@ from eaglewire.errors import ConfigError, DataFormatError
 MAX_SEED = 2**63 - 2
 
 if TYPE_CHECKING:
-    from eaglewire.engine.api import GenerationResult
+    from eaglewire.engine.api import GenerationResult, SpeculativeDecoder
+    from eaglewire.engine.spec_args import SpecArgs
 
 
 def read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
@@ -119,23 +120,22 @@ def generate(
         )
     prompts = read_prompts(prompt, prompts_file)
     device = resolve_device(device)
-    from eaglewire.engine.api import SpeculativeDecoder  # here, not at import: torch loads only when needed
-    from eaglewire.engine.plain import generate_plain
+    from eaglewire.engine.plain import generate_plain  # here, not at import: torch loads only when needed
     from eaglewire.engine.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-    decoder = SpeculativeDecoder.load(target, draft, spec=spec, dtype=dtype, device=device, runner=runner)  # type: ignore[arg-type]
+    all_ids, decoder = _load_checked(
+        target, draft, prompts, "--prompt" if prompts_file is None else f"--prompts-file {prompts_file}",
+        spec=spec, max_new_tokens=max_new_tokens, chat=not raw, dtype=dtype, device=device, runner=runner,
+    )  # fmt: skip
 
     records: list[dict[str, Any]] = []
     rows, mismatches = [], []
-    for i, text in enumerate(prompts):
-        result = decoder.generate(
-            text, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=not raw
-        )
+    for i, (text, prompt_ids) in enumerate(zip(prompts, all_ids, strict=True)):
+        result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop)
         record: dict[str, Any] = {"prompt": text, **result.to_json()}
         if check_lossless:
             # Plain greedy decoding by the plain-decoding loop on the same runner (no draft anywhere).
-            prompt_ids = decoder.encode(text, chat=not raw)
             eos = sorted(decoder.eos_token_ids)
             plain = generate_plain(decoder.runner, [prompt_ids], max_new_tokens, eos_token_ids=eos)[0]
             if result.finish_reason == "stop_string":  # plain decoding knows no stop strings
@@ -186,6 +186,40 @@ def generate(
         )
     if mismatches:
         raise typer.Exit(EXIT_FINDING)
+
+
+def _load_checked(
+    target: str, draft: Path | None, prompts: list[str], where: str, *, spec: SpecArgs, max_new_tokens: int,
+    chat: bool, dtype: str, device: str, runner: str,
+) -> tuple[list[list[int]], SpeculativeDecoder]:  # fmt: skip
+    """Every prompt tokenized and checked against the target's positions (`engine.fits`) before its
+    weights load where its directory's tokenizer allows, and against the runner's before any decoding;
+    the decoder's runner sized for the longest (beyond the default 4096 only when a prompt needs it)."""
+    from eaglewire.engine.api import SpeculativeDecoder, encode_text
+    from eaglewire.engine.fits import ContextFit, model_positions
+    from eaglewire.engine.runners.factory import DEFAULT_MAX_SEQ_LEN
+    from eaglewire.target.loading import load_target, preview_target
+
+    tree_tokens = spec.num_draft_tokens if draft is not None else 0
+    preview = preview_target(target)
+    tokenizer = None if preview is None else preview.tokenizer
+    ids: list[list[int]] = []
+    if preview is not None and tokenizer is not None:
+        ids = [encode_text(tokenizer, text, chat=chat) for text in prompts]
+        fit = ContextFit.of(positions=model_positions(preview.config), capacity=None, tree_tokens=tree_tokens)
+        fit.check_all([(str(i), len(p)) for i, p in enumerate(ids)], max_new_tokens, where=where)
+    loaded = load_target(target, dtype=dtype, device=device, tokenizer=tokenizer)
+    if not ids:  # a .gguf target: its tokenizer came with the weights
+        ids = [encode_text(loaded.tokenizer, text, chat=chat) for text in prompts]
+    needed = max(len(p) for p in ids) + max_new_tokens + tree_tokens
+    decoder = SpeculativeDecoder.load(
+        loaded, draft, spec=spec, runner=runner,  # type: ignore[arg-type]
+        max_seq_len=None if needed <= DEFAULT_MAX_SEQ_LEN else needed,
+    )  # fmt: skip
+    decoder.context_fit().check_all(
+        [(str(i), len(p)) for i, p in enumerate(ids)], max_new_tokens, where=where
+    )
+    return ids, decoder
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from eaglewire.data.builtin import EVAL_ONLY_ID_PREFIXES, builtin_name, heldout_ids, load_builtin
+from eaglewire.data.builtin import EVAL_ONLY_SET_NAMES, builtin_name, heldout_ids, load_builtin
 from eaglewire.data.chat_masks import Tokenized, resolve_chat_template, tokenize_conversations
 from eaglewire.data.formats import Conversation, ReadStats, filter_conversations, read_conversations
 from eaglewire.data.records import INDEX_FILE, TOKENS_FILE, TokenizedDataset
@@ -92,7 +92,7 @@ def load_source(
             convs = convs[:limit]
             stats.records = len(convs)
         return convs, stats
-    if f"{spec}:" in EVAL_ONLY_ID_PREFIXES and not Path(spec).exists():
+    if spec in EVAL_ONLY_SET_NAMES and not Path(spec).exists():
         raise ConfigError(
             f"{spec!r} is a benchmark prompt set (eaglewire bench --prompts): evaluation only, never trained on",
             fix="pass training conversations: a JSONL file, builtin:chitchat, builtin:humaneval or builtin:magpie",

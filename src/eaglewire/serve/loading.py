@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from eaglewire.engine.fits import ContextFit
 from eaglewire.errors import BoundaryError, CheckpointError, ConfigError
 from eaglewire.serve.protocol import GenerationRequest, RequestError
 
@@ -83,6 +84,11 @@ class ServedModel:
                 "the target has no tokenizer: a server takes text", fix="serve a target with one"
             )
         self.tokenizer = tok
+        # the decoder's own rule (`engine.fits`), bounded by this server's context
+        fit = decoder.context_fit()
+        self.fit = ContextFit.of(
+            positions=fit.positions, capacity=context_length, tree_tokens=fit.tree_tokens
+        )
 
     @property
     def speculative(self) -> bool:
@@ -90,8 +96,8 @@ class ServedModel:
 
     @property
     def reserved(self) -> int:
-        """Positions a generation keeps free beyond its tokens: one draft tree (`SpeculativeDecoder.generate`)."""
-        return int(self.decoder.spec.num_draft_tokens)
+        """Positions a generation keeps free beyond its tokens: one draft tree (`engine.fits`; 0 plain)."""
+        return self.fit.tree_tokens
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -140,7 +146,8 @@ class ServedModel:
 
     def max_new_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
         """The request's max_tokens (or its default), or a RequestError when the context cannot hold it."""
-        room = self.context_length - self.reserved - prompt_tokens
+        room = self.fit.room(prompt_tokens)
+        assert room is not None  # the fit is bounded by context_length
         param = "max_completion_tokens" if request.endpoint == "chat" else "max_tokens"
         if room < 1:
             raise RequestError(

@@ -154,6 +154,26 @@ def load_tokenizer(path: Path) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+@dataclass(frozen=True)
+class TargetPreview:
+    """What a target directory says without its weights: its config.json and tokenizer, enough to
+    tokenize prompts and check them against the target's positions before the weights load."""
+
+    path: Path
+    config: dict[str, Any]
+    tokenizer: Any  # None when the directory has none
+
+
+def preview_target(target: str | Path) -> TargetPreview | None:
+    """A Hugging Face directory's config and tokenizer, read without loading its weights (seconds where
+    the weights take minutes); None for a .gguf file, whose tokenizer is inside the weights file."""
+    path = resolve_target_path(target)
+    if path.suffix == ".gguf":
+        return None
+    config = check_target_dir(path)
+    return TargetPreview(path, config, load_tokenizer(path))
+
+
 def load_target(
     target: str | Path,
     *,
@@ -161,8 +181,10 @@ def load_target(
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
     with_tokenizer: bool = True,
+    tokenizer: Any = None,
 ) -> LoadedTarget:
-    """Load a target in `dtype` on `device`, in eval mode with gradients off."""
+    """Load a target in `dtype` on `device`, in eval mode with gradients off. tokenizer: this target's
+    tokenizer already loaded (`preview_target`'s), used instead of loading it again (HF directories)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_target_path(target)
@@ -175,6 +197,7 @@ def load_target(
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code
         )
-        tokenizer = load_tokenizer(path) if with_tokenizer else None
+        if tokenizer is None and with_tokenizer:
+            tokenizer = load_tokenizer(path)
     model.to(device).eval().requires_grad_(False)
     return LoadedTarget(model=model, tokenizer=tokenizer, path=path)

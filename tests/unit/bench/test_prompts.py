@@ -32,7 +32,9 @@ def test_mt_bench_has_80_first_turns() -> None:
 
 
 def test_builtin_names_resolve_to_heldout_sets() -> None:
-    assert set(BUILTIN_PROMPT_SETS) == {"chitchat-eval", "humaneval-eval", "mt-bench", "user-eval"}
+    assert set(BUILTIN_PROMPT_SETS) == {
+        "chitchat-eval", "humaneval-eval", "mt-bench", "user-eval", "long-1k", "long-2k", "long-4k", "long-8k"
+    }  # fmt: skip
     he = load_prompt_set("humaneval-eval")
     assert len(he.prompts) == 33  # HumanEval/0, /5, ..., /160: the documented held-out split
     assert all(int(p.prompt_id.rsplit("/", 1)[1]) % 5 == 0 for p in he.prompts)

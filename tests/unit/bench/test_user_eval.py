@@ -86,9 +86,15 @@ def test_bench_sets_with_their_own_ids_are_held_out_whole() -> None:
     from eaglewire.data.builtin import EVAL_ONLY_ID_PREFIXES, heldout_split
 
     assert {
-        p.prompt_id.split(":")[0] + ":" for s in ("mt-bench", "user-eval") for p in load_prompt_set(s).prompts
+        p.prompt_id.split(":")[0] + ":"
+        for s in ("mt-bench", "user-eval", "long-1k")
+        for p in load_prompt_set(s).prompts
     } == set(EVAL_ONLY_ID_PREFIXES)
     assert heldout_split("user-eval:math-03") == "eval" and heldout_split("mt-bench:81") == "eval"
+    from eaglewire.bench.prompts import BUILTIN_PROMPT_SETS, IN_DISTRIBUTION_PROMPT_SETS
+    from eaglewire.data.builtin import EVAL_ONLY_SET_NAMES
+
+    assert set(EVAL_ONLY_SET_NAMES) == set(BUILTIN_PROMPT_SETS) - set(IN_DISTRIBUTION_PROMPT_SETS)
 
 
 def test_nothing_trains_on_user_eval(tmp_path: Path) -> None:
@@ -116,8 +122,9 @@ def test_nothing_trains_on_user_eval(tmp_path: Path) -> None:
         return runner.invoke(app, [*args, "--out", str(tmp_path / f"ds{len(extra)}")])
 
     # run_app turns these EaglewireErrors into exit 2; the runner hands back the exception itself.
-    by_name = build("user-eval").exception
-    assert isinstance(by_name, ConfigError) and "evaluation only" in str(by_name)
+    for name in ("user-eval", "long-4k"):
+        by_name = build(name).exception
+        assert isinstance(by_name, ConfigError) and "evaluation only" in str(by_name), name
     as_file = build(str(answered)).exception
     assert isinstance(as_file, DataFormatError) and "held-out evaluation split" in str(as_file)
     as_eval = build(str(answered), "--split", "eval")

@@ -5,7 +5,7 @@ Each round every running row drafts its own tree, one target forward verifies al
 positions. A row that ends (eos, max tokens, stop string, cancel) is freed at once and the next
 waiting request is prefilled into it while the others go on.
 
-    submit(request)   queue a request (checked against the runner's length now, not mid-flight)
+    submit(request)   queue a request (checked against the target's context now, `engine.fits`)
     step()            admit waiting requests into free rows, then one round; returns the finished
     run(requests)     submit all, step until done: the traces in request order
 
@@ -35,6 +35,7 @@ from eaglewire.engine.batch.buckets import bucket_for, compaction_moves
 from eaglewire.engine.batch.drafter import BatchDrafter, RowSampler, RowTrees
 from eaglewire.engine.continuous import prefill_groups
 from eaglewire.engine.decode_trace import DecodeTrace, RoundCallback
+from eaglewire.engine.fits import ContextFit
 from eaglewire.engine.plain_parts import right_padded
 from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.sampling import SamplingParams, make_generator
@@ -126,6 +127,12 @@ class BatchEngine:
         spec = None if drafter is None else drafter.spec
         self.policy: Policy = policy or (lambda _running: spec)
         self.device = runner.device
+        # every request is checked against it when submitted (`engine.fits`), not mid-flight
+        self.fit = ContextFit.of(
+            positions=runner.max_positions,
+            capacity=runner.max_seq_len,
+            tree_tokens=0 if drafter is None else drafter.spec.num_draft_tokens,
+        )
         self.stats = RoundStats()
         self._waiting: deque[tuple[BatchRequest, float]] = deque()
         self._rows: list[_Row | None] = [None]
@@ -153,14 +160,7 @@ class BatchEngine:
     def submit(self, request: BatchRequest) -> None:
         if not request.prompt_ids:
             raise ConfigError("prompt_ids is empty: at least one token is needed")
-        widest = 1 if self.drafter is None else self.drafter.spec.num_draft_tokens
-        needed = len(request.prompt_ids) + request.stop.max_new_tokens + widest
-        if needed > self.runner.max_seq_len:
-            raise ConfigError(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({request.stop.max_new_tokens}) + "
-                f"num_draft_tokens ({widest}) = {needed} exceeds the runner's max_seq_len={self.runner.max_seq_len}",
-                fix="lower max_new_tokens, or build the runner with a larger max_seq_len",
-            )
+        self.fit.check(len(request.prompt_ids), request.stop.max_new_tokens)
         self._waiting.append((request, time.perf_counter()))
 
     def run(self, requests: Sequence[BatchRequest]) -> list[DecodeTrace]:

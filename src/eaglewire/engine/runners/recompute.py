@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from eaglewire.contract.fingerprint import StateKey
+from eaglewire.engine.fits import model_positions
 from eaglewire.engine.runners.protocol import TargetForward, check_boundaries
 from eaglewire.errors import ConfigError, expected_actual
 from eaglewire.target.capture import hooked_states, mla_heads_fixed, mla_modules
@@ -55,6 +56,7 @@ class RecomputeRunner:
         self.aux_boundaries = check_boundaries(aux_boundaries, self.num_layers)
         self.eos_token_ids = target.eos_token_ids
         self.max_batch_size = max_batch_size
+        self.max_positions = model_positions(cfg)  # the model's; max_seq_len bounds this runner's sequences
         if max_seq_len is None:
             max_seq_len = int(getattr(cfg, "max_position_embeddings", None) or NO_POSITION_LIMIT)
         self.max_seq_len = max_seq_len

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from eaglewire.engine.fits import model_positions
 from eaglewire.engine.runners.fast.graphs import GraphCache, own_code
 from eaglewire.engine.runners.fast.greedy import tree_greedy_paths, with_greedy
 from eaglewire.engine.runners.fast.kv_cache import PREFILL_MAX_WIDTH, StaticKVCache, kv_bucket, prefill_width
@@ -112,6 +113,7 @@ class FastTargetRunner:
         self.dtype = self.weights.embed.dtype
         self.aux_boundaries = check_boundaries(aux_boundaries, spec.num_layers)
         self.eos_token_ids = target.eos_token_ids
+        self.max_positions = model_positions(model.config)  # the model's; max_seq_len is the cache's
         self.copy_outputs = copy_outputs
         self.graph_max_new_tokens = graph_max_new_tokens
         self._warned_tree_widths: set[int] = set()  # widths of eager tree forwards already logged

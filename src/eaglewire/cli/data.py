@@ -59,12 +59,14 @@ def build_cmd(
     at_least("--max-length", max_length, 2, "tokens per record")
     from dataclasses import asdict
 
-    from eaglewire.data.build import build_dataset, load_source, save_dataset
+    from eaglewire.data.build import build_dataset, check_heldout, load_source, save_dataset
     from eaglewire.data.builtin import parse_split
 
     convs, read_stats = load_source(
         input, split=parse_split(split), require_assistant=True, skip_bad=skip_bad, limit=limit
     )
+    # before the tokenizer loads: a held-out record is refused at once (build_dataset checks again)
+    check_heldout([c.record_id for c in convs], split, where=input)
     ds, stats = build_dataset(
         convs,
         tokenizer_for(target),

@@ -12,9 +12,7 @@ from eaglewire.cli.common import DEVICE_HELP, print_table, resolve_device
 from eaglewire.cli.flags import at_least, in_range
 from eaglewire.outputs import check_output_file
 
-INPUT_HELP = (
-    "JSONL file (OpenAI messages / ShareGPT conversations / prompt rows) or builtin:chitchat|humaneval|magpie"
-)
+INPUT_HELP = "JSONL file (OpenAI messages / ShareGPT conversations / prompt rows) or builtin:chitchat|humaneval|magpie|long-chat|long-docs"
 SPLIT_HELP = "split of a built-in set: train (default) or eval (the fixed held-out split; never train on it)"
 
 

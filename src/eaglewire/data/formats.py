@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -328,6 +328,18 @@ def filter_conversations(
         out.append(c)
         stats.records += 1
     return out, stats
+
+
+def first_user_turns(conv: Conversation, turns: int) -> Conversation:
+    """Keep the conversation up to (not including) its (turns+1)-th user message."""
+    kept, seen = [], 0
+    for m in conv.messages:
+        if m.role == "user":
+            if seen == turns:
+                break
+            seen += 1
+        kept.append(m)
+    return replace(conv, messages=tuple(kept))
 
 
 def to_chat_messages(conv: Conversation) -> list[dict[str, str]]:

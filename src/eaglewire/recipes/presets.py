@@ -19,6 +19,9 @@ from eaglewire.train.config import TrainConfig
 from eaglewire.typed_config import help_field
 
 STAGE_CONFIGS = ("data", "train", "decode")  # the preset's sub-configs, each named after its stage
+# Tokens a long record keeps free past its answer: the end-of-turn text, and an answer re-tokenized a
+# little longer than it was generated.
+LONG_END_ROOM = 16
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,44 @@ class DataPlan:
         "with train_from_shards: tokens per capture forward (0 = the capture's default)",
         default=0,
     )
+    regen_max_prompt_tokens: int = help_field(
+        "the longest prompt the regeneration of the chitchat, humaneval and Magpie conversations sends, in "
+        "tokens (a turn past it ends its conversation); 0 = train.max_length - regen_max_new_tokens. With "
+        "long records, keep it at the short rows' room (e.g. 768): it also sizes that regeneration's runner",
+        default=0,
+    )
+    # Long-context training records (issue 54; docs/data.md "Long-context training data"): off in every
+    # preset until a GPU run has measured them against the 20-minute budget.
+    long_conversations: int = help_field(
+        "long training conversations taken from the long-chat train split (chitchat conversations joined, "
+        "every assistant turn trained); 0 = none",
+        default=0,
+    )
+    long_documents: int = help_field(
+        "long training documents taken from the long-docs train split (a transformers source file or its "
+        "docstrings with a question, answered by the target: needs regenerate); 0 = none",
+        default=0,
+    )
+    long_user_turns: int = help_field(
+        "user turns kept per long conversation (0 = all: the regeneration answers them in order until the "
+        "prompt would pass long_max_tokens)",
+        default=0,
+    )
+    long_max_tokens: int = help_field(
+        "the longest long record, in tokens: regeneration stops a long conversation (and leaves out a "
+        "document) whose prompt leaves no room for an answer within it; train.max_length must admit it",
+        default=8192,
+    )
+    long_regen_batch_size: int = help_field(
+        "long records regenerated together (each row holds up to long_max_tokens)", default=64
+    )
+    long_regen_max_seconds: float = help_field(
+        "time budget for regenerating the long records (0 = all of them)", default=0.0
+    )
+
+    @property
+    def has_long_records(self) -> bool:
+        return self.long_conversations > 0 or self.long_documents > 0
 
     def __post_init__(self) -> None:
         if self.user_turns < 1:
@@ -84,12 +125,31 @@ class DataPlan:
         for name, meaning in (
             ("capture_max_batch_tokens", "0 = the capture's default"),
             ("regen_rows", "0 = the engine's default"),
+            ("regen_max_prompt_tokens", "0 = train.max_length - regen_max_new_tokens"),
+            ("long_conversations", "0 = none"),
+            ("long_documents", "0 = none"),
+            ("long_user_turns", "0 = all"),
+            ("long_regen_max_seconds", "0 = no budget"),
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 ({meaning}), got {getattr(self, name)}")
         if self.regen_max_seconds < 0:
             raise ConfigError(
                 f"regen_max_seconds must be >= 0 seconds (0 = no budget), got {self.regen_max_seconds}"
+            )
+        if self.long_regen_batch_size < 1:
+            raise ConfigError(f"long_regen_batch_size must be >= 1, got {self.long_regen_batch_size}")
+        if self.has_long_records and self.long_max_tokens < self.regen_max_new_tokens + LONG_END_ROOM + 1:
+            raise ConfigError(
+                f"long_max_tokens must leave a prompt room beside an answer: at least regen_max_new_tokens + "
+                f"{LONG_END_ROOM + 1}, got long_max_tokens={self.long_max_tokens} with regen_max_new_tokens="
+                f"{self.regen_max_new_tokens}"
+            )
+        if self.long_documents and not self.regenerate:
+            raise ConfigError(
+                f"long_documents={self.long_documents} needs regenerate=True: a long document has no answer of "
+                "its own, the target writes it",
+                fix="turn regenerate on, or set long_documents=0",
             )
 
 
@@ -163,6 +223,22 @@ class QuickstartPreset:
                 f"preset {self.name!r}: data.regen_max_new_tokens must be within 1..train.max_length-1 (an "
                 f"answer leaves room for its prompt in a row), got data.regen_max_new_tokens="
                 f"{self.data.regen_max_new_tokens} with train.max_length={self.train.max_length}"
+            )
+        data, max_length = self.data, self.train.max_length
+        if data.has_long_records and data.long_max_tokens > max_length:
+            raise ConfigError(
+                f"preset {self.name!r}: data.long_max_tokens={data.long_max_tokens} is longer than "
+                f"train.max_length={max_length}: training would cut every long record to {max_length} tokens",
+                fix=f"raise train.max_length to {data.long_max_tokens} (--train-max-length; lower --batch-size to "
+                "keep the tokens a step), or lower data.long_max_tokens",
+            )
+        if (
+            data.regen_max_prompt_tokens
+            and data.regen_max_prompt_tokens + data.regen_max_new_tokens > max_length
+        ):
+            raise ConfigError(
+                f"preset {self.name!r}: data.regen_max_prompt_tokens + data.regen_max_new_tokens must fit "
+                f"train.max_length, got {data.regen_max_prompt_tokens} + {data.regen_max_new_tokens} > {max_length}"
             )
         if self.draft_intermediate_size < 0:
             raise ConfigError(

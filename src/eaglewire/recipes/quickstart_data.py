@@ -1,5 +1,6 @@
 """The quickstart's data stage: which conversations each split gets, their regeneration by the
-target, tokenization, the draft vocabulary and (train_from_shards) the captured shards."""
+target, tokenization, the draft vocabulary and (train_from_shards) the captured shards. The long
+training records (DataPlan.long_*) come from quickstart_long."""
 
 from __future__ import annotations
 
@@ -8,21 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from eaglewire.data.formats import Conversation
+from eaglewire.data.formats import Conversation, first_user_turns
 from eaglewire.recipes.quickstart_run import QuickstartRun
 from eaglewire.recipes.results import CaptureResult, DataSplitResult, DataStageResult
-
-
-def first_user_turns(conv: Conversation, turns: int) -> Conversation:
-    """Keep the conversation up to (not including) its (turns+1)-th user message."""
-    kept, seen = [], 0
-    for m in conv.messages:
-        if m.role == "user":
-            if seen == turns:
-                break
-            seen += 1
-        kept.append(m)
-    return replace(conv, messages=tuple(kept))
 
 
 def _conversations(run: QuickstartRun, split: Literal["train", "eval"], loaded: Any) -> list[Conversation]:
@@ -89,7 +78,7 @@ def stage_data(run: QuickstartRun, loaded: Any) -> DataStageResult:
         if p.regenerate:
             jsonl = run.path("data", f"{split}.jsonl")
             # Prompts longer than a training row could not be trained on whole anyway.
-            max_prompt = max_length - p.regen_max_new_tokens
+            max_prompt = p.regen_max_prompt_tokens or max_length - p.regen_max_new_tokens
             budget = p.regen_max_seconds if split == "train" else 0.0
             regen_tps = regenerate(
                 loaded,
@@ -101,6 +90,10 @@ def stage_data(run: QuickstartRun, loaded: Any) -> DataStageResult:
                 generate_fn=pick_generate_fn(continuous=p.regen_continuous, max_rows=p.regen_rows),
             ).tokens_per_second
             convs, _ = read_conversations(jsonl, require_assistant=True)
+        if split == "train":  # long-context records (DataPlan.long_*), regenerated on their own
+            from eaglewire.recipes.quickstart_long import long_training_records
+
+            convs += long_training_records(run, loaded)
         ds, build_stats = build_dataset(convs, loaded.tokenizer, max_length=max_length, split=split)
         save_dataset(ds, run.path("data", split), force=True)  # a rerun replaces the run's own dataset
         capture = None

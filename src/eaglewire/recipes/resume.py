@@ -42,6 +42,8 @@ PACE = frozenset(
         "data.regen_batch_size",
         "data.regen_continuous",
         "data.regen_rows",
+        "data.long_regen_batch_size",
+        "data.long_regen_max_seconds",
         "train.max_seconds",
         "train.compile",
         "train.ttt_attention",

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 from benchmarks.engine_speed import build_target
-from benchmarks.scale_model import TINY_TREE, read_traces, scale_draft
+from benchmarks.scale_model import TINY_TREE, main, read_traces, scale_draft
 
+from eaglewire.cli.common import EXIT_INVALID_INPUT, run_script
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.engine.drafting import Drafter
 from eaglewire.engine.forced import ForcedAcceptance
@@ -142,3 +143,65 @@ def test_tiny_end_to_end(tmp_path):
         goal = 2.0 if name.startswith("chain") else 2.5
         assert row["parts_ms"] == pytest.approx(row["verify_ms"] + row["draft_round_ms"] + row["extend_ms"])
         assert row["tau_for_goal"] == pytest.approx(goal * row["parts_ms"] / parts["forward_ms"]["1"])
+    # recorded prompt lengths, parts at 128 tokens; the draft-vs-verify check at that context
+    assert result["meta"]["context_tokens"] is None and parts["context_tokens"] == 128
+    assert set(result["draft_vs_verify"]) == set(parts["draft"])
+    assert isinstance(result["draft_round_not_slower_than_verify_tiny"], bool)
+
+
+def test_context_tokens_replay_at_that_context(tmp_path, capsys):
+    """--context-tokens: every replayed prompt that long, the parts timed after it, and one PASS/FAIL
+    line per draft setting for its round against its verify, a boolean each in scale.json."""
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--tiny", "--context-tokens", "200", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # --tiny runs on one thread
+    result = json.loads((tmp_path / "scale.json").read_text())
+    assert result["meta"]["context_tokens"] == result["meta"]["parts_context_tokens"] == 200
+    assert result["components"]["context_tokens"] == 200
+    for row in result["settings"]:
+        assert row["prompt_tokens_mean"] == 200
+        if row["settings"]["topk"] == 1:  # a random draft's tree changes shape: only a chain replays exactly
+            assert row["replayed_exactly"] == 1.0 and row["rounds"] == row["rounds_recorded"]
+        assert row["plain_decode_ms"] > 0 and row["projected_decode_speedup"] > 0
+    answer = max(t.new_tokens for ts in read_traces([tmp_path / "tiny_bench.json"], None) for t in ts.prompts)
+    assert (
+        result["meta"]["max_seq_len"] == 200 + answer + 128 + 1
+    )  # the caches hold context + answer + a verify
+    checks = result["draft_vs_verify"]
+    assert set(checks) == {"chain 5x1x6", "tree 4x3x8"}
+    for name, check in checks.items():
+        forward = result["components"]["forward_ms"][str(check["verify_nodes"])]
+        assert check["verify_ms"] == forward and check["context_tokens"] == 200
+        assert check["draft_round_ms"] == result["components"]["draft"][name]["round_ms"]
+        assert check["draft_not_slower"] is (check["draft_round_ms"] <= check["verify_ms"])
+    assert result["draft_round_not_slower_than_verify_tiny"] is all(
+        c["draft_not_slower"] for c in checks.values()
+    )
+    lines = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("draft vs verify at 200")
+    ]
+    assert len(lines) == 2 and all(line.endswith(("PASS", "FAIL")) for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("-3", "expected >= 1 prompt tokens, got -3"),
+        ("0", "expected >= 1 prompt tokens, got 0"),
+        # the synthetic trace's answers are at most 24 tokens; the tiny shape has 4,096 positions
+        ("4000", "4000 context tokens + 24 replayed new tokens (the longest trace) + a verify of 128 + 1"),
+    ],
+)
+def test_a_bad_context_is_refused(tmp_path, capsys, value, said):
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            run_script(lambda: main(["--tiny", "--context-tokens", value, "--out", str(tmp_path)]))
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_.value.code == EXIT_INVALID_INPUT == 2
+    err = capsys.readouterr().err
+    assert "--context-tokens" in err and said in err
+    assert not (tmp_path / "scale.json").exists()

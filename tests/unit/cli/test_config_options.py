@@ -75,6 +75,14 @@ def test_the_flags_users_know_keep_their_names() -> None:
         "--train-compile/--train-eager": "train.compile",
         "--train-ttt-attention": "train.ttt_attention",
         "--train-from-shards/--train-online": "data.train_from_shards",
+        "--train-max-length": "train.max_length",
+        "--regen-max-prompt-tokens": "data.regen_max_prompt_tokens",
+        "--long-conversations": "data.long_conversations",
+        "--long-documents": "data.long_documents",
+        "--long-user-turns": "data.long_user_turns",
+        "--long-max-tokens": "data.long_max_tokens",
+        "--long-regen-batch-size": "data.long_regen_batch_size",
+        "--long-regen-max-seconds": "data.long_regen_max_seconds",
     }
     assert [r.flag for r in SPEC_OPTIONS.resolved] == ["--num-steps", "--topk", "--num-draft-tokens"]
     assert [SPEC_OPTIONS.default(r) for r in SPEC_OPTIONS.resolved] == list(dataclasses.astuple(DEFAULT_SPEC))

@@ -8,6 +8,14 @@ Random-weight models built from configs (weights do not change speed):
     python benchmarks/engine_speed.py --models smollm2-135m,llama-3.1-8b --out results.json   # on a GPU
     python benchmarks/engine_speed.py --tiny                                                   # CPU check
 
+Speed at length (`--context-tokens 0,1024,4096,8064`): decode(1) and verify(k) for k in
+`--context-ks` (default 1,16,64,128) with that many tokens already in the KV cache (the forward
+attends to all of them), per context: the ms, verify(k)/decode(1), `context_share` (the part of
+the forward's ms that the context added over the shortest context timed: attention over the cache,
+measured by difference) and, on CUDA, `attention_share` (the profiler's attention kernels' share of
+the forward's kernel time). Each context + the widest k must fit the shape's positions (exit 2
+otherwise); the runner's max_seq_len grows to hold the longest. Without the flag nothing changes.
+
 Timings: CUDA events after warm-up, median of repeats. Prints a table last.
 """
 
@@ -29,11 +37,13 @@ from typing import Any
 
 import torch
 
+from eaglewire.cli.common import run_script
 from eaglewire.contract.numbering import default_boundaries
 from eaglewire.engine.plain import generate_plain_with_stats
 from eaglewire.engine.runners.fast.model import KernelChoices
 from eaglewire.engine.runners.fast.runner import FastTargetRunner
 from eaglewire.engine.runners.fast.weights import weight_bytes
+from eaglewire.errors import ConfigError
 from eaglewire.target.loading import LoadedTarget
 
 HBM_BYTES_PER_S = 4.3e12  # the issue's H200 figure (a device-to-device copy measures about this)
@@ -158,6 +168,89 @@ def verify_costs(
     return out
 
 
+def fill_context(runner: FastTargetRunner, context_tokens: int, seed: int = 2) -> None:
+    """An empty cache, then `context_tokens` random tokens prefilled and committed (logits of the
+    last one only: an 8k prefill's full logits would be gigabytes); 0 leaves the cache empty."""
+    runner.reset(1)
+    if context_tokens == 0:
+        return
+    dev = runner.device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(3, runner.vocab_size, (1, context_tokens), generator=gen).to(dev)
+    last = torch.tensor([context_tokens - 1], device=dev)
+    runner.forward(ids, torch.arange(context_tokens, device=dev)[None], logits_at=last)
+    runner.commit_prefix(torch.tensor([context_tokens]))
+
+
+def context_forward_ms(
+    runner: FastTargetRunner, context_tokens: int, ks: list[int], iters: int, repeats: int
+) -> dict[str, float]:
+    """ms of one forward of k new tokens after `context_tokens` committed ones (chain tree mask; k=1:
+    a plain decode step), for each k; without commit, so every call attends to the same cache."""
+    dev = runner.device
+    fill_context(runner, context_tokens)
+    out = {}
+    for k in ks:
+        ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
+        pos = (context_tokens + torch.arange(k, device=dev))[None]
+        tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
+        out[str(k)] = time_ms(
+            lambda ids=ids, pos=pos, tree=tree: runner.forward(ids, pos, tree), dev, iters, repeats
+        )
+    return out
+
+
+def check_contexts(models: list[str], contexts: list[int], ks: list[int]) -> None:
+    """Each context >= 0 and, with the widest k, within every model's positions; a ConfigError
+    naming --context-tokens and the lengths otherwise (before any model is built)."""
+    bad = [c for c in contexts if c < 0]
+    if bad:
+        raise ConfigError(f"--context-tokens: expected tokens >= 0, got {bad}")
+    if not ks or min(ks) < 1:
+        raise ConfigError(f"--context-ks: expected widths >= 1, got {ks}")
+    for name in models:
+        positions = int(SHAPES[name]["max_position_embeddings"])
+        over = [c for c in contexts if c + max(ks) > positions]
+        if over:
+            raise ConfigError(
+                f"--context-tokens {over[0]}: {over[0]} cached tokens + a verify of {max(ks)} (--context-ks) "
+                f"= {over[0] + max(ks)} positions; the {name} shape has {positions} (max_position_embeddings)",
+                fix=f"use contexts <= {positions - max(ks)} for {name}",
+            )
+
+
+def context_sweep(runner: FastTargetRunner, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """Per context of --context-tokens: forward ms per --context-ks width, verify(k)/decode(1), the
+    context's share of each forward (by difference from the shortest context timed) and, on CUDA,
+    the attention kernels' share of decode(1) and of the widest verify (profiler)."""
+    ks = sorted(set(args.context_ks))
+    contexts = sorted(set(args.context_tokens))
+    out: dict[str, Any] = {}
+    for c in contexts:
+        fm = context_forward_ms(runner, c, ks, args.iters, args.repeats)
+        ratios = {k: v / fm["1"] for k, v in fm.items()} if "1" in fm else {}
+        row: dict[str, Any] = {"forward_ms": fm, "verify_over_decode": ratios}
+        if runner.device.type == "cuda":
+            shares = {}
+            for k in dict.fromkeys((1, ks[-1])):
+                try:
+                    fill_context(runner, c)
+                    prof = kernel_profile_filled(runner, c, k)
+                    attention = prof["by_category"].get("attention", {"us": 0.0})["us"]
+                    shares[str(k)] = attention / max(prof["kernel_us_per_forward"], 1e-9)
+                except Exception as err:  # noqa: BLE001 - profiling is best effort
+                    shares[str(k)] = f"{type(err).__name__}: {err}"
+            row["attention_share"] = shares
+        out[str(c)] = row
+        print(f"[{name}] context {c}: forward ms {fm}", flush=True)
+    base = out[str(contexts[0])]["forward_ms"]
+    for row in out.values():
+        row["context_share"] = {
+            k: max(v - base[k], 0.0) / v if v > 0 else 0.0 for k, v in row["forward_ms"].items()
+        }
+    return out
+
+
 def _category(name: str) -> str:
     n = name.lower()
     if any(x in n for x in ("fmha", "attention", "flash", "attn")):
@@ -172,12 +265,19 @@ def _category(name: str) -> str:
 def kernel_profile(runner: FastTargetRunner, prompt: torch.Tensor, k: int, reps: int = 5) -> dict[str, Any]:
     """Kernels of one forward of k tokens (CUDA profiler over `reps` replays): count and summed
     device time per category; the rest of the measured time is gaps between kernels."""
+    prefill(runner, prompt)
+    return kernel_profile_filled(runner, prompt.shape[1], k, reps)
+
+
+def kernel_profile_filled(
+    runner: FastTargetRunner, context_tokens: int, k: int, reps: int = 5
+) -> dict[str, Any]:
+    """`kernel_profile` of a forward of k tokens after the `context_tokens` the cache already holds."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     dev = runner.device
-    prefill(runner, prompt)
-    T = prompt.shape[1]
+    T = context_tokens
     ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
     pos = (T + torch.arange(k, device=dev))[None]
     tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
@@ -300,9 +400,10 @@ def bench_model(
         target,
         default_boundaries(L),
         max_batch_size=1,
-        max_seq_len=args.max_seq_len,
+        max_seq_len=runner_seq_len(args),
         compile=args.compile if args.compile is not None else None,
     )
+    res["max_seq_len"] = runner.max_seq_len
     res["weight_bytes_read_per_token"] = weight_bytes(runner.weights)
     total_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
     res["weight_bytes_total"] = total_bytes
@@ -345,10 +446,22 @@ def bench_model(
     if time.perf_counter() < deadline and args.hf_tokens > 0:
         res["hf_generate_ms_per_token"] = hf_ms_per_token(target, prompt, args.hf_tokens)
         print(f"[{name}] HF generate {res['hf_generate_ms_per_token']:.2f} ms/token", flush=True)
+    if args.context_tokens:
+        if time.perf_counter() < deadline:
+            res["by_context"] = context_sweep(runner, args, name)
+        else:
+            res["by_context"] = {"skipped": "time budget"}
     del runner, target
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res
+
+
+def runner_seq_len(args: argparse.Namespace) -> int:
+    """--max-seq-len, or more where --context-tokens needs room for its longest context and widest k."""
+    if not args.context_tokens:
+        return int(args.max_seq_len)
+    return max(int(args.max_seq_len), max(args.context_tokens) + max(args.context_ks))
 
 
 def bench_variants(
@@ -423,7 +536,48 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def _share(value: Any, width: int) -> str:
+    return f"{value:>{width}.0%}" if isinstance(value, float) else f"{'-':>{width}}"
+
+
+def context_table(results: dict[str, Any]) -> str:
+    """Per model and context: decode(1) and verify(k) ms, verify/decode, and the attention's share
+    (profiled on CUDA, else '-') and the context's share of decode(1) and the widest verify."""
+    lines: list[str] = []
+    for name, r in results.items():
+        by_ctx = r.get("by_context") if isinstance(r, dict) else None
+        if not isinstance(by_ctx, dict) or "skipped" in by_ctx or not by_ctx:
+            continue
+        ks = list(next(iter(by_ctx.values()))["forward_ms"])
+        wide = ks[-1]
+        if not lines:
+            lines.append("")
+        lines.append(
+            f"{'model':<14} {'context':>7} "
+            + " ".join(f"{'ms k=' + k:>9}" for k in ks)
+            + f" {'v' + wide + '/d1':>7} {'attn d1':>7} {'attn v' + wide:>9} {'ctx d1':>6} {'ctx v' + wide:>8}"
+        )
+        for c, row in by_ctx.items():
+            fm, att, ctx = row["forward_ms"], row.get("attention_share", {}), row["context_share"]
+            lines.append(
+                f"{name:<14} {c:>7} "
+                + " ".join(f"{fm[k]:>9.3f}" for k in ks)
+                + f" {row['verify_over_decode'].get(wide, math.nan):>7.2f} {_share(att.get('1'), 7)} "
+                f"{_share(att.get(wide), 9)} {_share(ctx.get('1'), 6)} {_share(ctx.get(wide), 8)}"
+            )
+    return "\n".join(lines)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers like 0,1024,4096, got {text!r}"
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2-135m,llama-3.1-8b")
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU in float32 (checks this script)")
@@ -445,15 +599,32 @@ def main() -> int:
     ap.add_argument("--variants", type=parse_variants, default=[], help="model/label=key:val+key:val,...")
     ap.add_argument("--variant-ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip remaining work after this many seconds")
+    ap.add_argument(
+        "--context-tokens",
+        type=int_list,
+        default=[],
+        help="also time decode(1) and verify(k) with this many tokens in the KV cache, e.g. 0,1024,4096,8064",
+    )
+    ap.add_argument(
+        "--context-ks", type=int_list, default=[1, 16, 64, 128], help="--context-tokens: the widths k timed"
+    )
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.tiny:
         device, dtype, models = torch.device("cpu"), torch.float32, ["tiny"]
-        args.iters, args.repeats, args.new_tokens, args.hf_tokens, args.parity_steps = 2, 3, 16, 4, 8
+        args.iters, args.repeats, args.new_tokens, args.parity_steps = 2, 3, 16, 8
+        args.hf_tokens = min(args.hf_tokens, 4)
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         models = args.models.split(",")
+    unknown = [m for m in models if m not in SHAPES]
+    if unknown:
+        raise ConfigError(f"--models: unknown shape(s) {unknown}; known: {sorted(SHAPES)}")
+    if args.context_tokens:
+        if 1 not in args.context_ks:
+            args.context_ks = [1, *args.context_ks]  # decode(1): every ratio's base
+        check_contexts(models, args.context_tokens, args.context_ks)
     start = time.perf_counter()
     deadline = start + args.budget_s
     results: dict[str, Any] = {
@@ -467,6 +638,8 @@ def main() -> int:
             "dtype": str(dtype),
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
+            "context_tokens": sorted(set(args.context_tokens)),
+            "context_ks": sorted(set(args.context_ks)) if args.context_tokens else [],
         }
     }
     bw = copy_bandwidth(device)
@@ -494,8 +667,10 @@ def main() -> int:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=1))
     print(table(results))
+    if args.context_tokens:
+        print(context_table(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

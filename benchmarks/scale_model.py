@@ -12,6 +12,7 @@ change no kernel's cost, but only the trace's acceptance is real.
     python benchmarks/scale_model.py --traces bench-out/mt-bench/bench.json [more bench.json] \\
         --num-prompts 24 --out scale-out                                   # on a GPU (H200: ~16 GB + KV)
     python benchmarks/scale_model.py --tiny --out /tmp/scale               # CPU check of this script
+    python benchmarks/scale_model.py --traces ... --context-tokens 4096 --out scale-4k   # at a long context
 
 Per traced setting (each method with a draft in each bench.json): every prompt replayed (random
 prompt ids of the recorded length, the recorded rounds, stopped at the recorded new tokens, eos
@@ -26,6 +27,19 @@ The draft's head is drawn with logits of standard deviation `--head-logit-std` (
 confident; a default-initialised random head is nearly uniform over Vd, and EAGLE-2 reranking then
 keeps shallow trees only, which could not accept the recorded depths). `replayed_exactly` /
 `rounds_same_length` say how faithfully the rounds followed the trace (see `engine.forced`).
+
+`--context-tokens N`: every replayed prompt is N random tokens (not its recorded length), so the
+recorded rounds run with N tokens already in the target's and the draft's caches (their positions
+start at N), and the parts are timed after an N-token context instead of 128. Round ms, plain
+decode ms (`plain_decode_ms`: per token, prefill left out) and the projected speed-ups are then at
+that context (`projected_decode_speedup` leaves both prefills out: an N-token prefill is a real
+share of a 256-token answer). N + the longest replayed answer + the widest verify must fit the
+shape's positions (exit 2 otherwise).
+
+Draft against verify (issue 54: the draft's own attention over a long context must not make a
+round slower than its verify): per timed draft setting, its draft round's ms against verify(N
+nodes) at the parts' context, a PASS/FAIL line each, `draft_vs_verify` in scale.json and
+`draft_round_not_slower_than_verify` (all of them pass).
 """
 
 from __future__ import annotations
@@ -46,7 +60,14 @@ import torch
 if __package__ in (None, ""):  # run as a file: make the sibling benchmark modules importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_speed import SHAPES, build_target, kernel_profile, time_ms, verify_costs
+from benchmarks.engine_speed import (
+    SHAPES,
+    build_target,
+    context_forward_ms,
+    fill_context,
+    kernel_profile_filled,
+    time_ms,
+)
 
 from eaglewire.bench.report import describe_device, now_iso
 from eaglewire.bench.timing import Stopwatch
@@ -210,16 +231,20 @@ def replay(
     decoder: SpeculativeDecoder,
     forced: ForcedAcceptance,
     watch: Stopwatch,
-    plain_seconds: Callable[[list[int], int], float],
+    plain_seconds: Callable[[list[int], int], tuple[float, float]],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Every prompt of `ts` through the speculative loop with forced acceptance, and plain decoding
-    of the same counts; projected tok/s and speed-up (prefill included in both, as `eaglewire bench`)."""
+    of the same counts; projected tok/s and speed-up (prefill included in both, as `eaglewire bench`,
+    and left out of both: `projected_decode_speedup`). With --context-tokens every prompt has that
+    many tokens instead of its recorded length."""
     runner = decoder.runner
-    spec_s = plain_s = prefill_s = 0.0
-    tokens = rounds = exact = same_length = recorded_rounds = 0
+    spec_s = plain_s = prefill_s = plain_prefill_s = 0.0
+    tokens = rounds = exact = same_length = recorded_rounds = prompt_tokens = 0
     for i, trace in enumerate(ts.prompts):
-        ids = random_prompt(trace.prompt_tokens, runner.vocab_size, seed=i)
+        length = args.context_tokens or trace.prompt_tokens
+        ids = random_prompt(length, runner.vocab_size, seed=i)
+        prompt_tokens += length
         forced.load(len(ids) - 1, trace.accepted_paths)
         timed = watch.measure(
             lambda ids=ids, n=trace.new_tokens: decoder.generate(ids, max_new_tokens=n),  # type: ignore[misc]
@@ -235,7 +260,10 @@ def replay(
         recorded_rounds += len(trace.accepted_paths)
         exact += sum(a == b for a, b in zip(result.accepted_paths, recorded, strict=False))
         same_length += sum(len(a) == len(b) for a, b in zip(result.accepted_paths, recorded, strict=False))
-        plain_s += plain_seconds(ids, len(result.token_ids))
+        total, prefill = plain_seconds(ids, len(result.token_ids))
+        plain_s, plain_prefill_s = plain_s + total, plain_prefill_s + prefill
+    round_ms = (spec_s - prefill_s) / max(rounds, 1) * 1000
+    plain_decode_ms = (plain_s - plain_prefill_s) / max(tokens, 1) * 1000
     return {
         "source": ts.source,
         "method": ts.method,
@@ -248,6 +276,7 @@ def replay(
         "tau_recorded": ts.tau_recorded,
         "tau_replayed_prompts": ts.tau_replayed,
         "num_prompts": len(ts.prompts),
+        "prompt_tokens_mean": prompt_tokens / max(len(ts.prompts), 1),
         "new_tokens": tokens,
         "rounds": rounds,
         "rounds_recorded": recorded_rounds,
@@ -255,11 +284,16 @@ def replay(
         "rounds_same_length": same_length / max(rounds, 1),  # rounds that emitted the recorded count
         "tau_replayed": tokens / max(rounds, 1),
         "seconds": spec_s,
-        "round_ms": (spec_s - prefill_s) / max(rounds, 1) * 1000,
+        "round_ms": round_ms,
+        "prefill_seconds": prefill_s,
         "projected_tok_s": tokens / spec_s,
         "plain_seconds": plain_s,
+        "plain_prefill_seconds": plain_prefill_s,
         "plain_tok_s": tokens / plain_s,
+        "plain_decode_ms": plain_decode_ms,
         "projected_speedup": plain_s / spec_s,
+        # decoding alone (both prefills left out): a round's tokens against plain's ms per token
+        "projected_decode_speedup": tokens / max(rounds, 1) * plain_decode_ms / max(round_ms, 1e-9),
         # the trace's tau over all its prompts at the measured round cost (rounds cost the same
         # whatever they accept): the speed-up at the acceptance the trained draft measured
         "projected_speedup_at_trace_tau": None
@@ -275,19 +309,21 @@ def draft_parts(
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """ms of one draft round per setting (and per draft forward in it) and of an extend of
-    EXTEND_ROWS rows, after a CONTEXT-row prefix (aux states random: values do not change cost)."""
+    EXTEND_ROWS rows, after a prefix of `args.parts_context` rows (aux states random: values do not
+    change cost)."""
     dev = target.device
+    context = int(args.parts_context)
     width = drafter_for(specs[0]).draft.config.aux_width
     gen = torch.Generator().manual_seed(1)
-    aux = torch.randn(CONTEXT, width, generator=gen).to(dev, target.dtype)
-    tokens = torch.randint(3, target.vocab_size, (CONTEXT,), generator=gen).to(dev)
+    aux = torch.randn(context, width, generator=gen).to(dev, target.dtype)
+    tokens = torch.randint(3, target.vocab_size, (context,), generator=gen).to(dev)
     out: dict[str, Any] = {}
     n = EXTEND_ROWS
     for spec in specs:
         drafter = drafter_for(spec)
         drafter.reset()
         drafter.extend(aux[:-n], tokens[:-n], start_position=0)
-        root, position = int(tokens[-n]), CONTEXT - n
+        root, position = int(tokens[-n]), context - n
         round_ms = time_ms(
             lambda d=drafter, r=root, p=position: d.draft_tree(r, p, SamplingParams()),
             dev,
@@ -297,8 +333,8 @@ def draft_parts(
         forwards = max(spec.num_steps - 1, 1)  # the first step's logits come from the extend
 
         def extend(d: Drafter = drafter) -> None:
-            d.committed = CONTEXT - n  # re-commit the same rows: the same window every call
-            d.extend(aux[-n:], tokens[-n:], start_position=CONTEXT - n)
+            d.committed = context - n  # re-commit the same rows: the same window every call
+            d.extend(aux[-n:], tokens[-n:], start_position=context - n)
 
         kind = "chain" if spec.is_chain else "tree"
         out[f"{kind} {spec.num_steps}x{spec.topk}x{spec.num_draft_tokens}"] = {
@@ -338,14 +374,49 @@ def components(
         out[key] = draft_parts(make, target, specs, args)
         for row in out[key].values():
             row["step_over_floor"] = row["step_ms"] / floor_ms
-    prompt = torch.tensor([random_prompt(CONTEXT, runner.vocab_size, seed=99)], device=dev)
+    context = int(args.parts_context)
     widths = sorted({*VERIFY_WIDTHS, *(s.num_draft_tokens for s in specs)})
-    forward_ms = verify_costs(runner, prompt, widths, args.iters, args.reps)
-    out["forward_ms"] = forward_ms  # verify(N) (chain mask) at a CONTEXT-token context; "1": decode(1)
+    forward_ms = context_forward_ms(runner, context, widths, args.iters, args.reps)
+    out["context_tokens"] = context  # the parts' context: prefix rows before each timed part
+    out["forward_ms"] = forward_ms  # verify(N) (chain mask) at that context; "1": decode(1)
     out["verify_over_decode"] = {k: v / forward_ms["1"] for k, v in forward_ms.items()}
     if args.profile and dev.type == "cuda":  # kernels by category: where verify(128) spends its time
-        out["kernels"] = {str(k): kernel_profile(runner, prompt, k) for k in (1, 128)}
+        kernels = {}
+        for k in (1, 128):
+            fill_context(runner, context)
+            kernels[str(k)] = kernel_profile_filled(runner, context, k)
+        out["kernels"] = kernels
     return out
+
+
+def draft_vs_verify(parts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per timed draft setting: its draft round's ms against verify(its nodes) at the parts' context,
+    and whether the round's drafting is not slower than its verify (issue 54's condition)."""
+    out = {}
+    for name, row in parts["draft"].items():
+        nodes = int(name.split()[1].split("x")[2])
+        verify = parts["forward_ms"].get(str(nodes))
+        if verify is None:
+            continue
+        out[name] = {
+            "context_tokens": parts["context_tokens"],
+            "draft_round_ms": row["round_ms"],
+            "verify_ms": verify,
+            "verify_nodes": nodes,
+            "draft_over_verify": row["round_ms"] / verify,
+            "draft_not_slower": bool(row["round_ms"] <= verify),
+        }
+    return out
+
+
+def draft_vs_verify_lines(checks: dict[str, dict[str, Any]]) -> list[str]:
+    """One PASS/FAIL line per setting of `draft_vs_verify`."""
+    return [
+        f"draft vs verify at {c['context_tokens']} context tokens, {name}: draft round {c['draft_round_ms']:.3f} ms "
+        f"{'<=' if c['draft_not_slower'] else '>'} verify({c['verify_nodes']}) {c['verify_ms']:.3f} ms "
+        f"({c['draft_over_verify']:.2f}x): {'PASS' if c['draft_not_slower'] else 'FAIL'}"
+        for name, c in checks.items()
+    ]
 
 
 def unfused_drafters(draft: Eagle3Draft) -> Callable[[SpecArgs], Drafter]:
@@ -366,8 +437,9 @@ def unfused_drafters(draft: Eagle3Draft) -> Callable[[SpecArgs], Drafter]:
 
 
 def summary_keys(shape: str, rows: list[dict[str, Any]], parts: dict[str, Any]) -> dict[str, Any]:
-    """The checkable headline keys: projected speed-ups (best tree; chain of 5, else the best chain),
-    the draft step's ratio to its floor (chain, and the best tree's), verify(128)/decode(1)."""
+    """The checkable headline keys: projected speed-ups (best tree; chain of 5, else the best chain;
+    with and without prefill), the draft step's ratio to its floor (chain, and the best tree's),
+    verify(128)/decode(1), and whether every draft round is not slower than its verify."""
     s = KEY_SUFFIX.get(shape, shape.replace("-", "_").replace(".", "_"))
     trees = [r for r in rows if r["settings"]["topk"] > 1]
     chains = [r for r in rows if r["settings"]["topk"] == 1]
@@ -386,8 +458,16 @@ def summary_keys(shape: str, rows: list[dict[str, Any]], parts: dict[str, Any]) 
         f"projected_{s}_speedup_chain_at_trace_tau": None
         if chain is None
         else chain["projected_speedup_at_trace_tau"],
+        f"projected_{s}_decode_speedup_tree": None
+        if best_tree is None
+        else best_tree["projected_decode_speedup"],
+        f"projected_{s}_decode_speedup_chain": None if chain is None else chain["projected_decode_speedup"],
         f"draft_step_over_floor_{s}": draft["chain 5x1x6"]["step_over_floor"],
         f"verify128_over_decode1_{s}": parts["verify_over_decode"].get("128"),
+        # issue 54: no timed draft round slower than its verify at the parts' context
+        f"draft_round_not_slower_than_verify_{s}": all(
+            c["draft_not_slower"] for c in draft_vs_verify(parts).values()
+        ),
     }
     if best_tree is not None and best_tree["setting"] in draft:
         out[f"draft_tree_step_over_floor_{s}"] = draft[best_tree["setting"]]["step_over_floor"]
@@ -398,11 +478,17 @@ def markdown(result: dict[str, Any]) -> str:
     meta, parts = result["meta"], result["components"]
     lines = [
         f"**Projection** ({meta['shape']}, random weights, {meta['device']}, {meta['dtype']}): rounds "
-        "replay a trained draft's accepted paths; only the acceptance is measured on a real draft.",
+        "replay a trained draft's accepted paths; only the acceptance is measured on a real draft. "
+        + (
+            "Prompts of their recorded lengths."
+            if meta.get("context_tokens") is None
+            else f"Every prompt {meta['context_tokens']} tokens (--context-tokens): the rounds run at that context."
+        ),
         "",
-        "| setting | trace (file, method) | tau trained | tau replayed | same-length rounds | round ms "
-        "| projected tok/s | plain tok/s | projected speed-up | at the trained tau |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | trace (file, method) | prompt tokens | tau trained | tau replayed | same-length rounds "
+        "| round ms | plain decode ms | projected tok/s | plain tok/s | projected speed-up | decode only "
+        "| at the trained tau |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["settings"]:
         tau = "-" if r["tau_recorded"] is None else f"{r['tau_recorded']:.2f}"
@@ -410,14 +496,15 @@ def markdown(result: dict[str, Any]) -> str:
         at_tau = "-" if at is None else f"{at:.2f}x"
         lines.append(
             f"| {r['setting']} | {Path(r['source']).parent.name}/{Path(r['source']).name}, {r['method']} "
-            f"| {tau} | {r['tau_replayed']:.2f} | {r['rounds_same_length']:.0%} | {r['round_ms']:.2f} "
-            f"| {r['projected_tok_s']:.1f} | {r['plain_tok_s']:.1f} | {r['projected_speedup']:.2f}x "
+            f"| {r['prompt_tokens_mean']:.0f} | {tau} | {r['tau_replayed']:.2f} | {r['rounds_same_length']:.0%} "
+            f"| {r['round_ms']:.2f} | {r['plain_decode_ms']:.2f} | {r['projected_tok_s']:.1f} "
+            f"| {r['plain_tok_s']:.1f} | {r['projected_speedup']:.2f}x | {r['projected_decode_speedup']:.2f}x "
             f"| {at_tau} |"
         )
     fm = parts["forward_ms"]
     lines += [
         "",
-        f"Parts: decode(1) {fm['1']:.3f} ms; verify(128)/decode(1) {parts['verify_over_decode']['128']:.2f}; "
+        f"Parts at a {parts['context_tokens']}-token context: decode(1) {fm['1']:.3f} ms; verify(128)/decode(1) {parts['verify_over_decode']['128']:.2f}; "
         f"copy bandwidth {parts['copy_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s; draft step weights "
         f"{parts['draft_step_weight_bytes'] / 1e6:.0f} MB (floor {parts['draft_step_floor_ms']:.3f} ms)",
         "",
@@ -430,6 +517,19 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {name}{label} | {row['round_ms']:.3f} | {row['draft_forwards']} | {row['step_ms']:.3f} "
                 f"| {row['step_over_floor']:.2f} | {row[f'extend_{EXTEND_ROWS}_ms']:.3f} |"
             )
+    lines += [
+        "",
+        f"Draft round against its verify at {parts['context_tokens']} context tokens (issue 54: the draft's "
+        "attention over a long context must not make a round slower than its verify):",
+        "",
+        "| setting | draft round ms | verify(N) ms | draft / verify | not slower |",
+        "|---|---|---|---|---|",
+    ]
+    for name, c in result["draft_vs_verify"].items():
+        lines.append(
+            f"| {name} | {c['draft_round_ms']:.3f} | {c['verify_ms']:.3f} | {c['draft_over_verify']:.2f} "
+            f"| {'PASS' if c['draft_not_slower'] else 'FAIL'} |"
+        )
     lines += [
         "",
         "Round parts per setting (verify(N) + draft round + extend, launch gaps not included) and the "
@@ -497,10 +597,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also time the draft parts with q/k/v and gate/up concatenated in every forward",
     )
     ap.add_argument("--profile", action="store_true", help="kernels by category of decode(1) and verify(128)")
+    ap.add_argument(
+        "--context-tokens",
+        type=int,
+        default=None,
+        help="every replayed prompt this many tokens (the rounds run at that context) and the parts timed "
+        "after it (default: the recorded prompt lengths, parts at 128)",
+    )
     args = ap.parse_args(argv)
     if args.num_prompts < 1:
         raise ConfigError(f"--num-prompts: expected >= 1, got {args.num_prompts}")
+    if args.context_tokens is not None and args.context_tokens < 1:
+        raise ConfigError(
+            f"--context-tokens: expected >= 1 prompt tokens, got {args.context_tokens}",
+            fix="leave it out for the recorded prompt lengths",
+        )
+    args.parts_context = args.context_tokens or CONTEXT
     return args
+
+
+def check_positions(
+    shape: str, context_tokens: int | None, longest: int, new_tokens: int, widest: int
+) -> None:
+    """With --context-tokens: that context + the longest replayed answer + the widest verify within the
+    shape's positions; a ConfigError naming the flag and the lengths otherwise (before any model)."""
+    positions = int(SHAPES[shape]["max_position_embeddings"])
+    if context_tokens is not None and longest > positions:
+        raise ConfigError(
+            f"--context-tokens {context_tokens}: {context_tokens} context tokens + {new_tokens} replayed new "
+            f"tokens (the longest trace) + a verify of {widest} + 1 = {longest} positions; the {shape} shape "
+            f"has {positions} (max_position_embeddings)",
+            fix=f"use --context-tokens <= {positions - new_tokens - widest - 1}, or fewer replayed tokens",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -522,11 +650,16 @@ def main(argv: list[str] | None = None) -> int:
                 "--traces: expected at least one bench.json", fix="pass --traces FILE ... or --tiny"
             )
     sets = read_traces(args.traces, args.num_prompts)
-    target = build_target(args.shape, device, dtype)
     widths = {ts.spec.num_draft_tokens for ts in sets} | {t.num_draft_tokens for t in args.extra_trees}
     nodes = max(widths)
-    longest = max(p.prompt_tokens + p.new_tokens for ts in sets for p in ts.prompts)
-    max_seq_len = max(longest, 2 * CONTEXT) + max(nodes, 128) + 1
+    if args.context_tokens is None:
+        longest = max(p.prompt_tokens + p.new_tokens for ts in sets for p in ts.prompts)
+        max_seq_len = max(longest, 2 * CONTEXT) + max(nodes, 128) + 1
+    else:  # the target's and the draft's caches (the drafter's is sized from the runner's)
+        new_tokens = max(p.new_tokens for ts in sets for p in ts.prompts)
+        max_seq_len = args.context_tokens + new_tokens + max(nodes, 128) + 1
+        check_positions(args.shape, args.context_tokens, max_seq_len, new_tokens, max(nodes, 128))
+    target = build_target(args.shape, device, dtype)
     runner = FastTargetRunner(
         target, default_boundaries(target.num_layers), max_batch_size=1, max_seq_len=max_seq_len
     )
@@ -536,16 +669,18 @@ def main(argv: list[str] | None = None) -> int:
     runner.forced_acceptance = forced
     draft = scale_draft(target, DRAFT_VOCAB[args.shape], args.head_logit_std)
     watch = Stopwatch(device)
-    plain_cache: dict[tuple[int, int], float] = {}
+    plain_cache: dict[tuple[int, int], tuple[float, float]] = {}
 
-    def plain_seconds(ids: list[int], new_tokens: int) -> float:
+    def plain_seconds(ids: list[int], new_tokens: int) -> tuple[float, float]:
+        """(seconds, of which prefill) of plain decoding `new_tokens` after `ids`."""
         key = (len(ids), new_tokens)
         if key not in plain_cache:
-            plain_cache[key] = watch.measure(
+            timed = watch.measure(
                 lambda: generate_plain_with_stats(runner, [ids], new_tokens, eos_token_ids=()),
                 warmup=args.warmup,
                 repeats=args.repeats,
-            ).seconds
+            )
+            plain_cache[key] = (timed.seconds, min(timed.value.prefill_seconds, timed.seconds))
         return plain_cache[key]
 
     # one decoder (and drafter: a torch.compile and graph captures each) per setting, reused
@@ -586,9 +721,12 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(sys.argv),
             "traces": [str(p) for p in args.traces],
             "num_prompts": args.num_prompts,
+            "context_tokens": args.context_tokens,  # None: the recorded prompt lengths
+            "parts_context_tokens": parts["context_tokens"],
             "max_seq_len": max_seq_len,
         },
         **summary_keys(args.shape, rows, parts),
+        "draft_vs_verify": draft_vs_verify(parts),
         "trace_tau": {f"{ts.method} {ts.label} ({ts.source})": ts.tau_recorded for ts in sets},
         "settings": rows,
         "components": parts,
@@ -597,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"]["seconds"] = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "scale.json", result)
+    for line in draft_vs_verify_lines(result["draft_vs_verify"]):
+        print(line)
     print(markdown(result))
     return 0
 

@@ -58,6 +58,13 @@
 #   scale_batch benchmarks/scale_batch.py: round cost per batch size at the 8B shape, projected at batch_bench's tau
 #   draft_unpack an earlier run's draft, carried as bf16 parts (carry_draft.sh put them in $SMOL/draft_parts),
 #               rebuilt against the converted target into $SMOL/runs/carried/draft (SWEEP_DRAFT can name it)
+#   long_bench  speed and tau at length: one `eaglewire bench` of plain, the chain of 5 and the 8x12x128 tree on
+#               mt-bench and long-1k .. long-8k (LONG_BENCH_SETS, LONG_BENCH_NUM_PROMPTS: 0 = all), 256 tokens, on
+#               the quickstart's draft (or SWEEP_DRAFT): a row per (set, method), tau_by_context.png ($results/long_bench/)
+#   long_scale  speed at length on random weights: benchmarks/scale_model.py at --context-tokens LONG_SCALE_CONTEXT
+#               (4096) on LONG_SCALE_TRACES (bench.json files, relative to the repository; copied at the start), the
+#               draft round against its verify at that context; then benchmarks/engine_speed.py --context-tokens
+#               LONG_ENGINE_CONTEXTS (0,1024,4096,8064) for LONG_ENGINE_MODELS (decode(1), verify(16/64/128) per context)
 #
 # Rerunning it resumes: convert/capture/sweep are skipped when their results exist (a cut sweep
 # measures only the settings its sweep.partial.json lacks), the quickstart skips its finished
@@ -67,7 +74,9 @@
 # LEVERS_TIMEOUT_S, LEVERS_SERVED_FROM, LEVERS_EXTRA, CHAIN_BENCH_SETS, CONFIDENCE_ARGS, CONFIDENCE_TIMEOUT_S, SWEEP_TIMEOUT_S,
 # SWEEP_DRAFT (default: the quickstart's draft), SWEEP_PROMPTS, SWEEP_NUM_PROMPTS, SWEEP_MAX_NEW_TOKENS, SWEEP_NUM_STEPS, SWEEP_TOPK, SWEEP_NUM_DRAFT_TOKENS,
 # SWEEP_EVAL_RECORDS, SERVED_ARGS, SERVED_TIMEOUT_S, TRACE_RUNS, BATCH_SETS, BATCH_SIZES, BATCH_TOKENS, BATCH_TIMEOUT_S,
-# SINGLE_AB_PROMPTS, SCALE_BATCH_TAUS, SCALE_BATCH_SIZES, SCALE_BATCH_TIMEOUT_S.
+# SINGLE_AB_PROMPTS, SCALE_BATCH_TAUS, SCALE_BATCH_SIZES, SCALE_BATCH_TIMEOUT_S, LONG_BENCH_SETS, LONG_BENCH_NUM_PROMPTS,
+# LONG_BENCH_ARGS, LONG_BENCH_TIMEOUT_S, LONG_SCALE_TRACES, LONG_SCALE_CONTEXT, LONG_SCALE_PROMPTS, LONG_SCALE_ARGS,
+# LONG_SCALE_TIMEOUT_S, LONG_ENGINE_CONTEXTS, LONG_ENGINE_MODELS, LONG_ENGINE_TIMEOUT_S.
 set -uo pipefail
 
 SMOL="${SMOL:-$HOME/smol}"
@@ -107,6 +116,17 @@ if [ -n "${LEVERS_SERVED_FROM:-}" ]; then
   done
   say "served texts for the levers: $(ls "$served_dir" 2>/dev/null | tr '\n' ' ')"
 fi
+# The traces the long_scale step replays (benchmarks/results is left out of the copy above, so they come on
+# their own; a path may be absolute, e.g. a traces step's $SMOL/results/traces_<tag>/bench.json).
+scale_traces="$SMOL/scale_traces"
+LONG_SCALE_TRACES_DEFAULT="benchmarks/results/2026-12-05-serve-and-scale/inprocess/chain_5.json benchmarks/results/2026-12-05-serve-and-scale/inprocess/tree_8x12x128.json"
+rm -rf "$scale_traces" && mkdir -p "$scale_traces"
+i=0
+for t in ${LONG_SCALE_TRACES:-$LONG_SCALE_TRACES_DEFAULT}; do
+  case "$t" in /*) ;; *) t="$src_root/$t" ;; esac
+  i=$((i + 1))
+  if [ -f "$t" ]; then cp "$t" "$scale_traces/${i}_$(basename "$t")"; else say "long_scale trace $t missing"; fi
+done
 touch "$SMOL/full_run.copied"
 cd "$repo" || exit 1
 
@@ -503,15 +523,81 @@ do_scale_batch() {
   return "${PIPESTATUS[0]}"
 }
 
+do_long_bench() {
+  # tau and speed-up per context length (issue 54 item 2): plain, the chain of 5 and the 8x12x128 tree on
+  # MT-bench and the long sets in one bench run (one engine, sized for the longest prompt: the 8k set's
+  # 7,752 tokens + 256 + a 128-node tree fit SmolLM2's 8,192 positions; every prompt is checked first).
+  local d out="$results/long_bench" sets=${LONG_BENCH_SETS:-mt-bench,long-1k,long-2k,long-4k,long-8k}
+  local n=${LONG_BENCH_NUM_PROMPTS:-0} tokens=256
+  d=${SWEEP_DRAFT:-$(draft_dir)} || { say "no trained draft: long_bench skipped"; return 1; }
+  [ -f "$out/bench.json" ] && { say "long bench already done: $out"; return 0; }
+  # the tiny target has 512 positions: the long sets cannot fit it, so the smoke run takes two short sets
+  [ "$TINY" = 1 ] && { sets=${LONG_BENCH_SETS:-mt-bench,user-eval} n=1 tokens=8; }
+  rm -rf "$runs/long_bench"
+  # shellcheck disable=SC2086 # LONG_BENCH_ARGS: extra flags, word-split on purpose
+  timeout "${LONG_BENCH_TIMEOUT_S:-900}" "$PY" -m eaglewire bench --target "$target" --draft "$d" --prompts "$sets" \
+    --num-prompts "$n" --methods plain,eagle-chain,eagle-tree --chain-steps 5 --num-steps 8 --topk 12 \
+    --num-draft-tokens 128 --max-new-tokens "$tokens" --repeats 1 --out "$runs/long_bench" ${LONG_BENCH_ARGS:-} 2>&1 \
+    | grep --line-buffered -v "Loading weights" | tee "$results/long_bench.txt"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" = 0 ]; then
+    mkdir -p "$out" && cp "$runs/long_bench"/bench.{json,md} "$out/"
+    [ -f "$runs/long_bench/tau_by_context.png" ] && cp "$runs/long_bench/tau_by_context.png" "$out/"
+  fi
+  return "$rc"
+}
+
+do_long_scale() {
+  # Speed at length on random weights (issue 54 items 3-4): the 8B-shape projection with every replayed prompt
+  # LONG_SCALE_CONTEXT tokens long (and the draft round against its verify there), then the engine's
+  # decode(1) and verify(16/64/128) with 0 .. 8k tokens in the KV cache. Each part is skipped once its JSON exists.
+  local rc=0 traces=("$scale_traces"/*.json) scale=() engine=()
+  if [ "$TINY" = 1 ]; then
+    scale=(--tiny --context-tokens "${LONG_SCALE_CONTEXT:-256}")
+    engine=(--tiny --context-tokens "${LONG_ENGINE_CONTEXTS:-0,256,1024}" --ks 1,4)
+  else
+    [ -f "${traces[0]}" ] || { say "no traces in $scale_traces (LONG_SCALE_TRACES): long_scale skipped"; return 1; }
+    scale=(--traces "${traces[@]}" --num-prompts "${LONG_SCALE_PROMPTS:-6}" --context-tokens "${LONG_SCALE_CONTEXT:-4096}")
+    # SmolLM2's 8,192 positions hold 8,064 cached tokens + a verify of 128 (8,192 would be refused)
+    engine=(--models "${LONG_ENGINE_MODELS:-smollm2-135m,llama-3.1-8b}" --context-tokens "${LONG_ENGINE_CONTEXTS:-0,1024,4096,8064}"
+      --budget-s "$((${LONG_ENGINE_TIMEOUT_S:-480} - 60))")
+  fi
+  if [ -f "$results/long_scale.json" ]; then
+    say "long_scale projection exists: $results/long_scale.json"
+  else
+    # shellcheck disable=SC2086 # LONG_SCALE_ARGS: extra flags, word-split on purpose
+    timeout "${LONG_SCALE_TIMEOUT_S:-540}" "$PY" benchmarks/scale_model.py "${scale[@]}" --out "$runs/long_scale" \
+      ${LONG_SCALE_ARGS:-} 2>&1 | grep -v USDT | tail -n 45 | tee "$results/long_scale.txt"
+    if [ "${PIPESTATUS[0]}" = 0 ]; then cp "$runs/long_scale/scale.json" "$results/long_scale.json"; else rc=1; fi
+  fi
+  if [ -f "$results/engine_speed_context.json" ]; then
+    say "engine speed by context exists: $results/engine_speed_context.json"
+  else
+    local tmp="$runs/engine_speed_context.json"
+    timeout "${LONG_ENGINE_TIMEOUT_S:-480}" "$PY" benchmarks/engine_speed.py "${engine[@]}" --skip-parity --hf-tokens 0 \
+      --out "$tmp" 2>&1 | grep -v USDT | tail -n 20 | tee "$results/engine_speed_context.txt"
+    if [ "${PIPESTATUS[0]}" = 0 ]; then cp "$tmp" "$results/engine_speed_context.json"; else rc=1; fi
+  fi
+  return "$rc"
+}
+
 say "full_run: mode=$([ "$TINY" = 1 ] && echo tiny || echo gpu) SMOL=$SMOL repo=$repo py=$PY"
 step env do_env
-step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
+# Steps on random weights or the tiny test targets need no reference target: a STEPS of those alone skips convert
+# (a lease too short for the GGUF's calls still runs them).
+needs_target=0
+for name in ${STEPS:-quickstart}; do
+  case "$name" in gpu_tests | scale_batch | long_scale | round_kernels | draft_speed) ;; *) needs_target=1 ;; esac
+done
+if [ "$needs_target" = 1 ]; then
+  step convert do_convert || { say "no target: stopping"; date -u > "$results/DONE"; exit 1; }
+fi
 # STEPS picks and orders the steps after convert (a session with little device time left skips the
 # measurements it already has). The default puts the quickstart (about 22 minutes with the GPU
 # preset's budgets) right after the GPU tests, so 30 device-minutes cut only the later steps.
 for name in ${STEPS:-gpu_tests quickstart loop_profile train_profile capture sweep export}; do
   case "$name" in
-    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests | served | traces | batch_bench | single_ab | scale_batch)
+    draft_speed | capture | loop_profile | round_kernels | train_profile | quickstart | quickstart_data | levers | label_ab | draft_unpack | chain_bench | confidence | sweep | export | gpu_tests | served | traces | batch_bench | single_ab | scale_batch | long_bench | long_scale)
       step "$name" "do_$name" ;;
     *) say "unknown step $name (STEPS=$STEPS)" ;;
   esac

@@ -154,13 +154,19 @@ def verify_costs(
 ) -> dict[str, float]:
     """ms of one forward of k new tokens (chain tree mask; k=1: plain decode step, no mask) at the
     prompt's length, without commit (the same provisional slots are rewritten)."""
-    dev = runner.device
     prefill(runner, prompt)
-    T = prompt.shape[1]
+    return forwards_after(runner, prompt.shape[1], ks, iters, repeats)
+
+
+def forwards_after(
+    runner: FastTargetRunner, start: int, ks: list[int], iters: int, repeats: int
+) -> dict[str, float]:
+    """ms of one uncommitted forward of k random tokens at positions start.. (chain tree mask; k=1 no mask), per k."""
+    dev = runner.device
     out = {}
     for k in ks:
         ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
-        pos = (T + torch.arange(k, device=dev))[None]
+        pos = (start + torch.arange(k, device=dev))[None]
         tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
         out[str(k)] = time_ms(
             lambda ids=ids, pos=pos, tree=tree: runner.forward(ids, pos, tree), dev, iters, repeats
@@ -187,17 +193,8 @@ def context_forward_ms(
 ) -> dict[str, float]:
     """ms of one forward of k new tokens after `context_tokens` committed ones (chain tree mask; k=1:
     a plain decode step), for each k; without commit, so every call attends to the same cache."""
-    dev = runner.device
     fill_context(runner, context_tokens)
-    out = {}
-    for k in ks:
-        ids = torch.randint(0, runner.vocab_size, (1, k), device=dev)
-        pos = (context_tokens + torch.arange(k, device=dev))[None]
-        tree = torch.ones(1, k, k, dtype=torch.bool, device=dev).tril() if k > 1 else None
-        out[str(k)] = time_ms(
-            lambda ids=ids, pos=pos, tree=tree: runner.forward(ids, pos, tree), dev, iters, repeats
-        )
-    return out
+    return forwards_after(runner, context_tokens, ks, iters, repeats)
 
 
 def check_contexts(models: list[str], contexts: list[int], ks: list[int]) -> None:
